@@ -1,0 +1,1 @@
+"""xla_streams: run overlapping async collectives on several collective streams."""

@@ -1,0 +1,82 @@
+"""HLO shapes: ``f32[8,128]{1,0}``, ``bf16[<=4]``, tuples ``(s32[], f32[2]{0})``, ``token[]``."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+
+from xla_streams.hlo.text import ScanError, split_top_level
+
+# Bits per element; sub-byte types are packed, tokens and opaques carry no data.
+ELEMENT_BITS: dict[str, int] = {
+    "pred": 8,
+    "s2": 2, "s4": 4, "s8": 8, "s16": 16, "s32": 32, "s64": 64,
+    "u2": 2, "u4": 4, "u8": 8, "u16": 16, "u32": 32, "u64": 64,
+    "f16": 16, "bf16": 16, "f32": 32, "f64": 64, "c64": 64, "c128": 128,
+    "f4e2m1fn": 4, "f8e3m4": 8, "f8e4m3": 8, "f8e4m3fn": 8, "f8e4m3fnuz": 8,
+    "f8e4m3b11fnuz": 8, "f8e5m2": 8, "f8e5m2fnuz": 8, "f8e8m0fnu": 8,
+    "token": 0, "opaque": 0,
+}  # fmt: skip
+
+# element type, dimensions, optional layout (tiles, memory space and the like).
+_ARRAY = re.compile(r"([a-z][a-z0-9]*)\[((?:<=)?\d+(?:,(?:<=)?\d+)*)?\](\{[^{}]*\})?")
+_COMMENT = re.compile(r"/\*.*?\*/")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """An array shape (``element_type`` set) or a tuple (``tuple_shapes`` set)."""
+
+    element_type: str | None
+    dimensions: tuple[int, ...] = ()
+    tuple_shapes: tuple[Shape, ...] = ()
+
+    @property
+    def is_tuple(self) -> bool:
+        return self.element_type is None
+
+    @property
+    def byte_size(self) -> int:
+        """Bytes of data in the shape (all tuple leaves), layouts and padding ignored."""
+        if self.element_type is None:
+            return sum(s.byte_size for s in self.tuple_shapes)
+        elements = 1
+        for d in self.dimensions:
+            elements *= d
+        return (elements * ELEMENT_BITS[self.element_type] + 7) // 8
+
+    def leaves(self) -> tuple[Shape, ...]:
+        if self.element_type is None:
+            return tuple(leaf for s in self.tuple_shapes for leaf in s.leaves())
+        return (self,)
+
+
+@cache
+def parse_shape(text: str) -> Shape:
+    """Parse one shape; raises ScanError (offset into ``text``) when it is not one.
+
+    Cached: a large module repeats a few hundred distinct shapes many thousand times.
+    """
+    text_nc = _COMMENT.sub(lambda m: " " * len(m.group()), text)
+    shape = _parse(text_nc, 0, len(text_nc))
+    return shape
+
+
+def _parse(s: str, start: int, end: int) -> Shape:
+    while start < end and s[start] == " ":
+        start += 1
+    if start < end and s[start] == "(":
+        if s[end - 1] != ")":
+            raise ScanError(end - 1, "expected ')' closing the tuple shape")
+        items = split_top_level(s, start + 1, end - 1)
+        return Shape(None, (), tuple(_parse(s, a, b) for a, b in items))
+    m = _ARRAY.fullmatch(s, start, end)
+    if m is None:
+        raise ScanError(start, f"expected a shape such as 'f32[8,128]{{1,0}}', found '{s[start:end]}'")
+    element_type = m.group(1)
+    if element_type not in ELEMENT_BITS:
+        raise ScanError(start, f"unknown element type '{element_type}'")
+    dims = m.group(2)
+    dimensions = tuple(int(d.removeprefix("<=")) for d in dims.split(",")) if dims else ()
+    return Shape(element_type, dimensions)
