@@ -1,0 +1,17 @@
+"""The passes, one per file. Importing this package registers them all.
+
+The folder sits at the top of the repository so that the pipeline is visible in
+the layout; it is installed as ``xla_streams.passes`` and only that name works.
+"""
+
+if __name__ != "xla_streams.passes":
+    raise ImportError(f"import the passes as 'xla_streams.passes', not as '{__name__}'")
+
+from xla_streams.passes import (  # noqa: E402
+    annotate_streams,
+    assign_streams,
+    find_async_pairs,
+    verify_streams,
+)
+
+__all__ = ["annotate_streams", "assign_streams", "find_async_pairs", "verify_streams"]
