@@ -7,7 +7,7 @@ the layout; it is installed as ``xla_streams.passes`` and only that name works.
 if __name__ != "xla_streams.passes":
     raise ImportError(f"import the passes as 'xla_streams.passes', not as '{__name__}'")
 
-from xla_streams.passes import (  # noqa: E402
+from xla_streams.passes import (
     annotate_streams,
     assign_streams,
     find_async_pairs,

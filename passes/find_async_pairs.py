@@ -132,7 +132,9 @@ def _start_of(done: Instruction, comp: Computation) -> Instruction | None:
         if opcode in _DONE_OF_SEND_RECV and _is_pipelined(done):
             return None  # started in another iteration; XLA keeps it on its P2P stream
         found = f"'%{start.name}' ({start.opcode})" if start else f"'%{names[0]}'"
-        raise done.error(f"the {expected} of {opcode} '%{done.name}' is missing: its operand is {found}")
+        raise done.error(
+            f"the {expected} of {opcode} '%{done.name}' is missing: its operand is {found}"
+        )
     if opcode == "async-done" and _wrapped(start) is None:
         return None  # an async computation that is not a collective
     return start
@@ -246,19 +248,27 @@ def _send_recv_pairs(op: Instruction) -> tuple[tuple[int, int], ...] | None:
     return parse_source_target_pairs(value)
 
 
-def _to_device_ids(op: Instruction, groups: Groups, mode: str, replicas: int, partitions: int) -> Groups:
+def _to_device_ids(
+    op: Instruction, groups: Groups, mode: str, replicas: int, partitions: int
+) -> Groups:
     total = replicas * partitions
     if mode == "global":
         result = groups or (tuple(range(total)),)
     elif mode == "partition":
         groups = groups or (tuple(range(partitions)),)
-        result = tuple(tuple(r * partitions + p for p in g) for r in range(replicas) for g in groups)
+        result = tuple(
+            tuple(r * partitions + p for p in g) for r in range(replicas) for g in groups
+        )
     elif mode == "replica":
         groups = groups or (tuple(range(replicas)),)
-        result = tuple(tuple(r * partitions + p for r in g) for p in range(partitions) for g in groups)
+        result = tuple(
+            tuple(r * partitions + p for r in g) for p in range(partitions) for g in groups
+        )
     else:  # replica-and-partition: every partition of the grouped replicas
         groups = groups or (tuple(range(replicas)),)
-        result = tuple(tuple(r * partitions + p for r in g for p in range(partitions)) for g in groups)
+        result = tuple(
+            tuple(r * partitions + p for r in g for p in range(partitions)) for g in groups
+        )
     for group in result:
         for device in group:
             if not 0 <= device < total:

@@ -26,7 +26,9 @@ class VerifyStreams(ModulePass):
         verify_streams(compilation.pairs, compilation.assignment)
 
 
-def verify_streams(pairs: tuple[AsyncPair, ...] | list[AsyncPair], assignment: StreamAssignment) -> None:
+def verify_streams(
+    pairs: tuple[AsyncPair, ...] | list[AsyncPair], assignment: StreamAssignment
+) -> None:
     """Raise VerificationError naming the pair (or both pairs) that break an invariant."""
     seen: dict[str, AsyncPair] = {}
     for p in pairs:
@@ -51,11 +53,11 @@ def verify_streams(pairs: tuple[AsyncPair, ...] | list[AsyncPair], assignment: S
     placed = [p for p in pairs if p.needs_stream]
     for i, p in enumerate(placed):
         for q in placed[i + 1 :]:
-            if p.must_share_stream_with(q) and assignment.stream_of[p.start] != assignment.stream_of[q.start]:
+            p_stream, q_stream = assignment.stream_of[p.start], assignment.stream_of[q.start]
+            if p.must_share_stream_with(q) and p_stream != q_stream:
                 raise VerificationError(
-                    f"deadlock rule broken: {_name(p)} on stream {assignment.stream_of[p.start]} and "
-                    f"{_name(q)} on stream {assignment.stream_of[q.start]} are in flight together "
-                    "and share two or more devices"
+                    f"deadlock rule broken: {_name(p)} on stream {p_stream} and {_name(q)} on "
+                    f"stream {q_stream} are in flight together and share two or more devices"
                 )
 
 

@@ -7,6 +7,7 @@ it; ``decode`` turns that into an HloError located in the instruction's line.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -125,16 +126,22 @@ def _explicit_groups(value: str) -> Groups:
 def _iota_groups(value: str) -> Groups:
     m = _IOTA.fullmatch(value)
     if m is None:
-        raise ScanError(0, f"expected '[groups,size]<=[dims]' with optional 'T(perm)', found '{value}'")
+        raise ScanError(
+            0, f"expected '[groups,size]<=[dims]' with optional 'T(perm)', found '{value}'"
+        )
     num_groups, group_size = int(m.group(1)), int(m.group(2))
     dims = [int(d) for d in m.group(3).split(",")]
     perm = [int(p) for p in m.group(4).split(",")] if m.group(4) else list(range(len(dims)))
     if num_groups * group_size != math.prod(dims):
         raise ScanError(
-            0, f"{num_groups}x{group_size} groups do not cover the {math.prod(dims)} devices of {dims}"
+            0,
+            f"{num_groups}x{group_size} groups do not cover the {math.prod(dims)} devices of "
+            f"{dims}",
         )
     if sorted(perm) != list(range(len(dims))):
-        raise ScanError(m.start(4), f"T({m.group(4)}) is not a permutation of {len(dims)} dimensions")
+        raise ScanError(
+            m.start(4), f"T({m.group(4)}) is not a permutation of {len(dims)} dimensions"
+        )
     flat = _transposed_iota(dims, perm)
     return tuple(tuple(flat[g * group_size : (g + 1) * group_size]) for g in range(num_groups))
 
@@ -160,7 +167,7 @@ def _mesh_groups(value: str) -> Groups:
     refined: list[tuple[str, int, int]] = []  # (axis, lower boundary, factor)
     for name, size in axes:
         bounds = sorted({1, size} | {b for n, span in refs if n == name for b in span})
-        refined.extend((name, lo, hi // lo) for lo, hi in zip(bounds, bounds[1:], strict=False))
+        refined.extend((name, lo, hi // lo) for lo, hi in itertools.pairwise(bounds))
     # refined dims are listed major-first per axis: boundaries grow toward the minor end.
     order: list[int] = []
     for name, (lo, hi) in refs:

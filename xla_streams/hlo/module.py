@@ -81,7 +81,9 @@ class Instruction:
     ) -> Instruction:
         """A new instruction, printed in canonical form; ``operands`` is the raw list text."""
         head = f"  {'ROOT ' if is_root else ''}%{name} = {shape_text} {opcode}("
-        inst = cls(computation, 0, head + operands + ")", name, shape_text, opcode, len(head), is_root)
+        inst = cls(
+            computation, 0, head + operands + ")", name, shape_text, opcode, len(head), is_root
+        )
         inst._operands_end = len(head) + len(operands)
         inst._attributes = dict(attributes)
         inst._edited = True
@@ -258,6 +260,7 @@ class Module:
         self.path = path
         self._lines = lines
         self.name = ""
+        self.header_line = 1
         self.computations: list[Computation] = []
         # Printed layout: raw lines and computations, in source order.
         self._items: list[str | Computation] = []
@@ -322,19 +325,22 @@ def parse_module(text: str, path: str = "<string>") -> Module:
     """Parse HLO module text; raises HloError naming path, line and column."""
     lines = text.split("\n")
     module = Module(path, lines)
-    if not lines[0].startswith("HloModule "):
-        raise HloError(
-            "expected 'HloModule <name>' on the first line",
-            path=path, line=1, column=1, source_line=lines[0],
-        )  # fmt: skip
-    module._items.append(lines[0])
-    module.name = lines[0][len("HloModule ") :].split(",", 1)[0].strip()
+    # `//` comment lines (FileCheck RUN/CHECK lines in tests) may precede the header.
+    first = 0
+    while first < len(lines) - 1 and (not lines[first] or lines[first].startswith("//")):
+        module._items.append(lines[first])
+        first += 1
+    if not lines[first].startswith("HloModule "):
+        raise _line_error(module, first + 1, 0, "expected 'HloModule <name>'")
+    module._items.append(lines[first])
+    module.header_line = first + 1
+    module.name = lines[first][len("HloModule ") :].split(",", 1)[0].strip()
     module.header_attributes  # noqa: B018 - validate the header eagerly
     names: dict[str, int] = {}
     computation_names: set[str] = set()
     comp: Computation | None = None
     in_section = False
-    for index in range(1, len(lines)):
+    for index in range(first + 1, len(lines)):
         line = lines[index]
         line_no = index + 1
         if comp is not None:
@@ -351,7 +357,7 @@ def parse_module(text: str, path: str = "<string>") -> Module:
                     f"(opened at line {comp.line})",
                 )  # fmt: skip
             continue
-        if not line:
+        if not line or line.startswith("//"):
             in_section = False
             module._items.append(line)
         elif line in _SECTION_HEADERS:
@@ -362,14 +368,19 @@ def parse_module(text: str, path: str = "<string>") -> Module:
         elif (m := _COMPUTATION.fullmatch(line)) is not None:
             name = m.group(2)
             if name in computation_names:
-                raise _line_error(module, line_no, line.find(name), f"duplicate computation '{name}'")
+                raise _line_error(
+                    module, line_no, line.find(name), f"duplicate computation '{name}'"
+                )
             computation_names.add(name)
             comp = Computation(module, name, line, line_no, is_entry=m.group(1) is not None)
             module.computations.append(comp)
             module._items.append(comp)
         else:
             raise _line_error(
-                module, line_no, 0, "expected a computation header '[ENTRY] %name (params) -> shape {'"
+                module,
+                line_no,
+                0,
+                "expected a computation header '[ENTRY] %name (params) -> shape {'",
             )
     if comp is not None:
         raise _line_error(
@@ -390,7 +401,9 @@ def _add_instruction(
 ) -> None:
     m = _INSTRUCTION.match(line)
     if m is None:
-        raise _line_error(module, line_no, 2, "expected an instruction '%name = shape opcode(operands)'")
+        raise _line_error(
+            module, line_no, 2, "expected an instruction '%name = shape opcode(operands)'"
+        )
     name = m.group(2)
     if name in names:
         raise _line_error(
@@ -417,23 +430,29 @@ def _add_instruction(
             split_top_level(line, m.end())
         except ScanError as e:
             raise _line_error(module, line_no, e.offset, e.message) from None
-    comp._add(Instruction(comp, line_no, line, name, shape_text, m.group(4), m.end(), m.group(1) is not None))
+    comp._add(
+        Instruction(
+            comp, line_no, line, name, shape_text, m.group(4), m.end(), m.group(1) is not None
+        )
+    )
 
 
 def _parse_header(module: Module) -> dict[str, str]:
-    line = module.source_line(1)
+    line = module.source_line(module.header_line)
     comma = line.find(",")
     if comma < 0:
         return {}
     try:
         spans = split_top_level(line, comma + 1)
     except ScanError as e:
-        raise _line_error(module, 1, e.offset, e.message) from None
+        raise _line_error(module, module.header_line, e.offset, e.message) from None
     attributes = {}
     for a, b in spans:
         eq = line.find("=", a, b)
         if eq < 0:
-            raise _line_error(module, 1, a, f"expected 'attribute=value', found '{line[a:b]}'")
+            raise _line_error(
+                module, module.header_line, a, f"expected 'attribute=value', found '{line[a:b]}'"
+            )
         attributes[line[a:eq]] = line[eq + 1 : b]
     return attributes
 

@@ -73,7 +73,9 @@ def _parse(s: str, start: int, end: int) -> Shape:
         return Shape(None, (), tuple(_parse(s, a, b) for a, b in items))
     m = _ARRAY.fullmatch(s, start, end)
     if m is None:
-        raise ScanError(start, f"expected a shape such as 'f32[8,128]{{1,0}}', found '{s[start:end]}'")
+        raise ScanError(
+            start, f"expected a shape such as 'f32[8,128]{{1,0}}', found '{s[start:end]}'"
+        )
     element_type = m.group(1)
     if element_type not in ELEMENT_BITS:
         raise ScanError(start, f"unknown element type '{element_type}'")

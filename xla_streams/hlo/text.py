@@ -76,7 +76,9 @@ def find_closing(s: str, open_index: int, end: int | None = None) -> int:
             depth -= 1
             if depth == 0:
                 return m.start()
-    raise ScanError(open_index, f"'{s[open_index]}' is never closed: expected '{_CLOSER[s[open_index]]}'")
+    raise ScanError(
+        open_index, f"'{s[open_index]}' is never closed: expected '{_CLOSER[s[open_index]]}'"
+    )
 
 
 def check_balanced(s: str, start: int = 0) -> None:

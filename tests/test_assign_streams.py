@@ -1,0 +1,291 @@
+"""Stream assignment: both policies on hand-written schedules, the deadlock rule,
+verify-streams, and properties over random schedules."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from xla_streams.collectives import AsyncPair, max_in_flight
+from xla_streams.hlo import parse_module
+from xla_streams.passes.assign_streams import assign_streams, tied_units
+from xla_streams.passes.find_async_pairs import find_async_pairs
+from xla_streams.passes.verify_streams import verify_streams
+from xla_streams.pipeline import VerificationError
+
+TP = "{{0,1,2,3},{4,5,6,7}}"  # tensor parallel: devices of one host half
+DP = "{{0,4},{1,5},{2,6},{3,7}}"  # data parallel: one device of each half
+
+
+def schedule(*events: str) -> str:
+    """A scheduled 8-device module from events: `start NAME GROUPS`, `done NAME`, `dot`."""
+    lines = ["  %p = f32[1024,1024]{1,0} parameter(0)"]
+    dots = 0
+    for event in events:
+        word, *rest = event.split()
+        if word == "start":
+            name, groups = rest
+            lines.append(
+                f"  %{name} = f32[1024,1024]{{1,0}} all-reduce-start(%p), channel_id=1, "
+                f"replica_groups={groups}, use_global_device_ids=true, to_apply=%add"
+            )
+        elif word == "done":
+            lines.append(f"  %{rest[0]}.done = f32[1024,1024]{{1,0}} all-reduce-done(%{rest[0]})")
+        else:
+            dots += 1
+            lines.append(
+                f"  %dot.{dots} = f32[1024,1024]{{1,0}} dot(%p, %p), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}"
+            )
+    lines.append("  ROOT %out = () tuple()")
+    return "\n".join(
+        [
+            "HloModule test, is_scheduled=true, num_partitions=8",
+            "",
+            "%add (lhs: f32[], rhs: f32[]) -> f32[] {",
+            "  %lhs = f32[] parameter(0)",
+            "  %rhs = f32[] parameter(1)",
+            "  ROOT %sum = f32[] add(%lhs, %rhs)",
+            "}",
+            "",
+            "ENTRY %main (p: f32[1024,1024]) -> () {",
+            *lines,
+            "}",
+            "",
+        ]
+    )
+
+
+def streams_of(text: str, streams: int, policy: str = "interval") -> dict[str, int | None]:
+    pairs = find_async_pairs(parse_module(text))
+    assignment = assign_streams(pairs, streams, policy)  # type: ignore[arg-type]
+    verify_streams(pairs, assignment)
+    return assignment.stream_of
+
+
+def test_tensor_and_data_parallel_groups_overlap_on_different_streams() -> None:
+    # {0,1,2,3} and {0,4} share one device: NCCL cannot deadlock on them.
+    text = schedule(f"start tp {TP}", f"start dp {DP}", "dot", "done tp", "done dp")
+    assert streams_of(text, 2) == {"tp": 0, "dp": 1}
+
+
+def test_same_group_collectives_in_flight_share_a_stream() -> None:
+    text = schedule(f"start a {TP}", f"start b {TP}", "dot", "done a", "done b")
+    pairs = find_async_pairs(parse_module(text))
+    assignment = assign_streams(pairs, 4, "interval")
+    assert assignment.stream_of == {"a": 0, "b": 0}
+    assert assignment.serialized_by_rule == {"b"}
+    assert not assignment.serialized_by_bound
+
+
+def test_ties_are_transitive() -> None:
+    # a-b share devices, b-c share devices, a and c do not overlap each other's groups:
+    # all three still end up together because b must sit with both.
+    text = schedule(
+        "start a {{0,1},{2,3},{4,5},{6,7}}",
+        "start b {{1,2},{3,4},{5,6},{7,0}}",
+        "start c {{0,1,2,3},{4,5,6,7}}",
+        "done a",
+        "done b",
+        "done c",
+    )
+    assert set(streams_of(text, 4).values()) == {0}
+
+
+def test_interval_reuses_a_stream_once_its_collective_is_done() -> None:
+    text = schedule(f"start a {TP}", f"start b {DP}", "done a", f"start c {TP}", "done b", "done c")
+    # c starts after a is done: stream 0 is free again; b still holds stream 1.
+    assert streams_of(text, 4) == {"a": 0, "b": 1, "c": 0}
+
+
+def test_round_robin_is_i_mod_k_in_start_order() -> None:
+    text = schedule(f"start a {TP}", "done a", f"start b {DP}", "done b", f"start c {TP}", "done c")
+    assert streams_of(text, 2, "round-robin") == {"a": 0, "b": 1, "c": 0}
+    # interval needs only one stream here: nothing overlaps.
+    assert streams_of(text, 2, "interval") == {"a": 0, "b": 0, "c": 0}
+
+
+def test_bound_exceeded_waits_for_the_stream_that_frees_first() -> None:
+    text = schedule(
+        "start a {{0,1}}", "start b {{2,3}}", "start c {{4,5}}", "done b", "done a", "done c"
+    )
+    pairs = find_async_pairs(parse_module(text))
+    assignment = assign_streams(pairs, 2, "interval")
+    verify_streams(pairs, assignment)
+    # b ends before a, so c queues behind b on stream 1.
+    assert assignment.stream_of == {"a": 0, "b": 1, "c": 1}
+    assert assignment.serialized_by_bound == {"c"}
+
+
+def test_sync_pairs_get_no_stream() -> None:
+    text = schedule(f"start a {TP}", "done a").replace(
+        "to_apply=%add",
+        'to_apply=%add, backend_config={"collective_backend_config":{"is_sync":true}}',
+    )
+    assert streams_of(text, 4) == {"a": None}
+
+
+@pytest.mark.parametrize("bad", [0, 65, -1])
+def test_stream_bound_is_checked(bad: int) -> None:
+    with pytest.raises(ValueError, match="1 to 64"):
+        assign_streams([], bad, "interval")
+
+
+def test_pairs_in_a_while_body_overlap_a_pair_spanning_the_loop() -> None:
+    text = "\n".join(
+        [
+            "HloModule loop, is_scheduled=true, num_partitions=8",
+            "",
+            "%add (lhs: f32[], rhs: f32[]) -> f32[] {",
+            "  %lhs = f32[] parameter(0)",
+            "  %rhs = f32[] parameter(1)",
+            "  ROOT %sum = f32[] add(%lhs, %rhs)",
+            "}",
+            "",
+            "%body (x: f32[64]) -> f32[64] {",
+            "  %x = f32[64]{0} parameter(0)",
+            f"  %inner = f32[64]{{0}} all-reduce-start(%x), channel_id=2, replica_groups={TP}, use_global_device_ids=true, to_apply=%add",
+            "  ROOT %inner.done = f32[64]{0} all-reduce-done(%inner)",
+            "}",
+            "",
+            "%cond (y: f32[64]) -> pred[] {",
+            "  %y = f32[64]{0} parameter(0)",
+            "  ROOT %t = pred[] constant(true)",
+            "}",
+            "",
+            "ENTRY %main (p: f32[64]) -> f32[64] {",
+            "  %p = f32[64]{0} parameter(0)",
+            f"  %outer = f32[64]{{0}} all-reduce-start(%p), channel_id=1, replica_groups={TP}, use_global_device_ids=true, to_apply=%add",
+            "  %w = f32[64]{0} while(%p), condition=%cond, body=%body",
+            "  %outer.done = f32[64]{0} all-reduce-done(%outer)",
+            "  ROOT %r = f32[64]{0} add(%w, %outer.done)",
+            "}",
+            "",
+        ]
+    )
+    pairs = {p.start: p for p in find_async_pairs(parse_module(text))}
+    assert pairs["outer"].overlaps(pairs["inner"])
+    # Same groups across the loop boundary: the deadlock rule ties them.
+    assert set(streams_of(text, 4).values()) == {0}
+    assert streams_of(text.replace(TP, DP, 1), 4) == {"outer": 0, "inner": 1}
+
+
+def test_verify_names_both_pairs_when_the_deadlock_rule_is_broken() -> None:
+    text = schedule(f"start a {TP}", f"start b {TP}", "done a", "done b")
+    pairs = find_async_pairs(parse_module(text))
+    assignment = assign_streams(pairs, 2, "interval")
+    broken = type(assignment)(2, "interval", {"a": 0, "b": 1})
+    with pytest.raises(VerificationError, match=r"'%a'.*'%b'"):
+        verify_streams(pairs, broken)
+    out_of_range = type(assignment)(2, "interval", {"a": 0, "b": 2})
+    with pytest.raises(VerificationError, match="outside 0..1"):
+        verify_streams(pairs, out_of_range)
+
+
+def test_assignment_is_a_pure_function_of_the_text(tmp_path: Path) -> None:
+    """Processes with different hash seeds (as on different hosts) agree exactly."""
+    text = schedule(
+        f"start a {TP}", f"start b {DP}", "start c {{0,1}}", "done a", f"start d {DP}",
+        "done b", "done c", "done d",
+    )  # fmt: skip
+    path = tmp_path / "m.hlo"
+    path.write_text(text)
+    code = (
+        "import sys, json\n"
+        "from xla_streams.hlo import parse_module\n"
+        "from xla_streams.passes.assign_streams import assign_streams\n"
+        "from xla_streams.passes.find_async_pairs import find_async_pairs\n"
+        "pairs = find_async_pairs(parse_module(open(sys.argv[1]).read()))\n"
+        "a = assign_streams(pairs, 2, 'interval')\n"
+        "print(json.dumps([a.stream_of, sorted(a.serialized)]))\n"
+    )
+    outputs = {
+        subprocess.run(
+            [sys.executable, "-c", code, str(path)],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("0", "1", "12345")
+    }
+    assert len(outputs) == 1
+    assert json.loads(outputs.pop())[0] == streams_of(text, 2)
+
+
+# -- properties over random schedules ------------------------------------------
+
+_GROUP_SETS = [
+    ((0, 1, 2, 3), (4, 5, 6, 7)),
+    ((0, 4), (1, 5), (2, 6), (3, 7)),
+    ((0, 1), (2, 3), (4, 5), (6, 7)),
+    ((0, 1, 2, 3, 4, 5, 6, 7),),
+    ((0, 2), (1, 3), (4, 6), (5, 7)),
+]
+
+
+@st.composite
+def random_pairs(draw: st.DrawFn) -> list[AsyncPair]:
+    n = draw(st.integers(0, 14))
+    # 2n distinct event times shuffled into n intervals.
+    times = draw(st.permutations(list(range(1, 2 * n + 1))))
+    pairs = []
+    for i in range(n):
+        a, b = sorted((times[2 * i], times[2 * i + 1]))
+        pairs.append(
+            AsyncPair(
+                computation="main",
+                start=f"s{i}",
+                done=f"d{i}",
+                kind="all-reduce",
+                start_index=a,
+                done_index=b,
+                start_time=a,
+                done_time=b,
+                sync=draw(st.booleans()) and draw(st.booleans()),
+                pipelined=False,
+                groups=draw(st.sampled_from(_GROUP_SETS)),
+                bytes=1024,
+            )
+        )
+    return sorted(pairs, key=lambda p: p.start_time)
+
+
+@settings(max_examples=300, deadline=None)
+@given(random_pairs(), st.integers(1, 8), st.sampled_from(["interval", "round-robin"]))
+def test_any_assignment_verifies(pairs: list[AsyncPair], streams: int, policy: str) -> None:
+    assignment = assign_streams(pairs, streams, policy)  # type: ignore[arg-type]
+    verify_streams(pairs, assignment)
+
+
+@settings(max_examples=300, deadline=None)
+@given(random_pairs())
+def test_interval_with_enough_streams_serializes_only_what_the_rule_forces(
+    pairs: list[AsyncPair],
+) -> None:
+    placed = [p for p in pairs if p.needs_stream]
+    streams = max(1, max_in_flight(placed))
+    assignment = assign_streams(pairs, streams, "interval")
+    assert not assignment.serialized_by_bound
+    units = tied_units(placed)
+    # Every pair serialized by the rule overlaps a pair it is tied to.
+    for unit in units:
+        for p in unit:
+            if p.start in assignment.serialized_by_rule:
+                assert any(q is not p and q.overlaps(p) for q in unit)
+    # Interval colouring of the units' spans is optimal: as many streams as the
+    # most units in flight at once, never more.
+    spans = [
+        AsyncPair(**{**_fields(u[0]), "done_time": max(p.done_time for p in u)}) for u in units
+    ]
+    assert assignment.streams_used == max_in_flight(spans)
+
+
+def _fields(p: AsyncPair) -> dict[str, object]:
+    return {k: getattr(p, k) for k in AsyncPair.__dataclass_fields__ if not k.startswith("_")}
