@@ -21,6 +21,7 @@ from xla_streams.hlo.attributes import (
     parse_replica_groups,
     parse_source_target_pairs,
 )
+from xla_streams.hlo.text import ScanError
 from xla_streams.pipeline import Compilation, Fact, ModulePass, register
 
 COLLECTIVES = frozenset(
@@ -245,7 +246,12 @@ def _send_recv_pairs(op: Instruction) -> tuple[tuple[int, int], ...] | None:
     value = attributes.get("_xla_send_recv_source_target_pairs")
     if value is None:
         return None
-    return parse_source_target_pairs(value)
+    try:
+        return parse_source_target_pairs(value)
+    except ScanError as e:
+        raise op.error_at_attribute(
+            "frontend_attributes", 0, f"bad _xla_send_recv_source_target_pairs: {e.message}"
+        ) from None
 
 
 def _to_device_ids(

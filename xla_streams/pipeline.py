@@ -134,7 +134,9 @@ def _convert(pass_name: str, key: str, raw: str, hint: Any) -> Any:
         try:
             return int(raw)
         except ValueError:
-            raise PipelineError(f"pass '{pass_name}': {key} must be an integer, not '{raw}'") from None
+            raise PipelineError(
+                f"pass '{pass_name}': {key} must be an integer, not '{raw}'"
+            ) from None
     return raw
 
 
@@ -196,4 +198,6 @@ def _check_ensured(p: ModulePass, compilation: Compilation) -> None:
     if Fact.STREAMS_ASSIGNED in p.ensures and (
         assignment is None or set(assignment.stream_of) != {q.start for q in compilation.pairs}
     ):
-        raise PipelineError(f"pass '{p.name}' claims a stream assignment but did not assign every pair")
+        raise PipelineError(
+            f"pass '{p.name}' claims a stream assignment but did not assign every pair"
+        )

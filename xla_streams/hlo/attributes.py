@@ -27,7 +27,7 @@ _IOTA = re.compile(r"\[(\d+),(\d+)\]<=\[(\d+(?:,\d+)*)\](?:T\((\d+(?:,\d+)*)\))?
 _MESH = re.compile(r"mesh\[([^\]]*)\]\s*\{([^}]*)\}")
 _MESH_AXIS = re.compile(r"'([^']+)'=(\d+)")
 _AXIS_REF = re.compile(r"'([^']+)'(?::\((\d+)\)(\d+))?")
-_FRONTEND_ITEM = re.compile(r'([A-Za-z_][\w.\-]*)="((?:[^"\\]|\\.)*)"')
+_FRONTEND_ITEM = re.compile(r'([A-Za-z_][\w.\-]*)=(?:"((?:[^"\\]|\\.)*)"|(\{.*\}))')
 
 
 def decode(inst: Instruction, key: str, parser: Callable[[str], T]) -> T | None:
@@ -77,21 +77,28 @@ def parse_source_target_pairs(value: str) -> tuple[tuple[int, int], ...]:
 
 
 def parse_frontend_attributes(value: str) -> dict[str, str]:
-    """``{a="1",b="x"}`` -> {"a": "1", "b": "x"} (values still escaped as printed)."""
+    """``{a="1",b={{0,1}}}`` -> {"a": "1", "b": "{{0,1}}"}.
+
+    Values are kept as printed (escapes included); XLA prints a value that begins
+    with ``{`` bare and any other quoted.
+    """
     if not (value.startswith("{") and value.endswith("}")):
         raise ScanError(0, "expected '{key=\"value\",...}'")
     result = {}
     for a, b in split_top_level(value, 1, len(value) - 1):
         m = _FRONTEND_ITEM.fullmatch(value, a, b)
         if m is None:
-            raise ScanError(a, f"expected key=\"value\", found '{value[a:b]}'")
-        result[m.group(1)] = m.group(2)
+            raise ScanError(a, f"expected key=\"value\" or key={{...}}, found '{value[a:b]}'")
+        result[m.group(1)] = m.group(2) if m.group(2) is not None else m.group(3)
     return result
 
 
 def format_frontend_attributes(attributes: dict[str, str]) -> str:
     """Inverse of parse_frontend_attributes, keys sorted as XLA prints them."""
-    return "{" + ",".join(f'{k}="{attributes[k]}"' for k in sorted(attributes)) + "}"
+    items = (
+        f"{k}={v}" if v.startswith("{") else f'{k}="{v}"' for k, v in sorted(attributes.items())
+    )
+    return "{" + ",".join(items) + "}"
 
 
 def parse_backend_config(value: str) -> dict[str, Any]:

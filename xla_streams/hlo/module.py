@@ -20,8 +20,10 @@ from xla_streams.hlo.text import ScanError, find_closing, split_top_level
 _INSTRUCTION = re.compile(r"  (ROOT )?%?([^\s=%]+) = (\(.*?\)|\S+) ([a-z][a-z0-9\-]*)\(")
 _COMPUTATION = re.compile(r"(ENTRY )?%?([^\s(]+) \(.*\) -> .* \{")
 _SECTION_HEADERS = frozenset({"FileNames", "FunctionNames", "FileLocations", "StackFrames"})
-# Attributes XLA prints after `frontend_attributes`, in its canonical order.
-_AFTER_FRONTEND_ATTRIBUTES = ("statistics", "control-predecessors", "metadata", "backend_config")
+# Attributes XLA prints after `frontend_attributes` (jaxlib 0.10.2's canonical order).
+_AFTER_FRONTEND_ATTRIBUTES = (
+    "control-predecessors", "statistics", "result_accuracy", "origin", "metadata", "backend_config",
+)  # fmt: skip
 _INDEX_COMMENT = re.compile(r"/\*.*?\*/")
 
 
@@ -151,7 +153,8 @@ class Instruction:
 
     def error(self, message: str) -> HloError:
         """An HloError pointing at this instruction's name."""
-        return self._error(self.source.find(self.name), message)
+        # The name is what precedes the first " = " (it may also occur inside "  ROOT %").
+        return self._error(self.source.index(" = ") - len(self.name), message)
 
     # -- editing -----------------------------------------------------------------
 
@@ -427,7 +430,7 @@ def _add_instruction(
         or line.count('"') & 1
     ):
         try:
-            split_top_level(line, m.end())
+            split_top_level(line, m.end() - 1)  # from the operand list's own "("
         except ScanError as e:
             raise _line_error(module, line_no, e.offset, e.message) from None
     comp._add(
