@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from xla_streams.hlo.errors import HloError
 from xla_streams.hlo.module import Instruction
-from xla_streams.hlo.text import ScanError, split_top_level
+from xla_streams.hlo.text import ScanError, find_closing, split_top_level
 
 T = TypeVar("T")
 
@@ -24,7 +24,9 @@ Groups = tuple[tuple[int, ...], ...]
 
 _INT_LIST = re.compile(r"\{\s*(-?\d+(?:\s*,\s*-?\d+)*)?\s*\}")
 _IOTA = re.compile(r"\[(\d+),(\d+)\]<=\[(\d+(?:,\d+)*)\](?:T\((\d+(?:,\d+)*)\))?")
-_MESH = re.compile(r"mesh\[([^\]]*)\]\s*\{([^}]*)\}")
+# mesh['a'=2,'b'=4][, device_ids=(0,4,...) | device_ids=([2,4]T(1,0))] {'b'}
+_MESH = re.compile(r"mesh\[([^\]]*)\](?:, device_ids=\((.*)\))?\s*\{([^}]*)\}")
+_DEVICE_IDS_IOTA = re.compile(r"\[(\d+(?:,\d+)*)\](?:T\((\d+(?:,\d+)*)\))?")
 _MESH_AXIS = re.compile(r"'([^']+)'=(\d+)")
 _AXIS_REF = re.compile(r"'([^']+)'(?::\((\d+)\)(\d+))?")
 _FRONTEND_ITEM = re.compile(r'([A-Za-z_][\w.\-]*)=(?:"((?:[^"\\]|\\.)*)"|(\{.*\}))')
@@ -95,10 +97,18 @@ def parse_frontend_attributes(value: str) -> dict[str, str]:
 
 def format_frontend_attributes(attributes: dict[str, str]) -> str:
     """Inverse of parse_frontend_attributes, keys sorted as XLA prints them."""
-    items = (
-        f"{k}={v}" if v.startswith("{") else f'{k}="{v}"' for k, v in sorted(attributes.items())
-    )
+    items = (f"{k}={v}" if _is_braced(v) else f'{k}="{v}"' for k, v in sorted(attributes.items()))
     return "{" + ",".join(items) + "}"
+
+
+def _is_braced(value: str) -> bool:
+    """One balanced ``{...}``: the values XLA prints without quotes."""
+    if not value.startswith("{"):
+        return False
+    try:
+        return find_closing(value, 0) == len(value) - 1
+    except ScanError:
+        return False
 
 
 def parse_backend_config(value: str) -> dict[str, Any]:
@@ -159,8 +169,9 @@ def _mesh_groups(value: str) -> Groups:
         raise ScanError(0, "expected \"mesh['axis'=size,...] {'axis',...}\"")
     axes = [(name, int(size)) for name, size in _MESH_AXIS.findall(m.group(1))]
     sizes = dict(axes)
+    devices = _mesh_devices(value, m, math.prod(sizes.values()))
     refs = []
-    for a, b in split_top_level(value, m.start(2), m.end(2)):
+    for a, b in split_top_level(value, m.start(3), m.end(3)):
         ref = _AXIS_REF.fullmatch(value, a, b)
         if ref is None or ref.group(1) not in sizes:
             raise ScanError(a, f"expected a mesh axis of {list(sizes)}, found '{value[a:b]}'")
@@ -183,9 +194,34 @@ def _mesh_groups(value: str) -> Groups:
         )
     others = [i for i in range(len(refined)) if i not in order]
     dims = [f for _, _, f in refined]
-    flat = _transposed_iota(dims, others + order)
+    flat = [devices[i] for i in _transposed_iota(dims, others + order)]
     group_size = math.prod(dims[i] for i in order)
     return tuple(tuple(flat[g : g + group_size]) for g in range(0, len(flat), group_size))
+
+
+def _mesh_devices(value: str, m: re.Match[str], count: int) -> list[int]:
+    """The device at each mesh position, in row-major order (default: iota)."""
+    text = m.group(2)
+    if text is None:
+        return list(range(count))
+    if (iota := _DEVICE_IDS_IOTA.fullmatch(text)) is not None:
+        dims = [int(d) for d in iota.group(1).split(",")]
+        perm = (
+            [int(p) for p in iota.group(2).split(",")] if iota.group(2) else list(range(len(dims)))
+        )
+        if sorted(perm) != list(range(len(dims))):
+            raise ScanError(m.start(2), f"T({iota.group(2)}) is not a permutation of {dims}")
+        devices = _transposed_iota(dims, perm)
+    else:
+        try:
+            devices = list(parse_int_list("{" + text + "}"))
+        except ScanError:
+            raise ScanError(m.start(2), f"expected device ids, found '{text}'") from None
+    if sorted(devices) != list(range(count)):
+        raise ScanError(
+            m.start(2), f"device_ids are not a permutation of the mesh's {count} devices"
+        )
+    return devices
 
 
 def _transposed_iota(dims: list[int], perm: list[int]) -> list[int]:

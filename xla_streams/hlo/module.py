@@ -203,14 +203,20 @@ class Instruction:
         except ScanError as e:
             raise self._error(e.offset, e.message) from None
         attributes: dict[str, str] = {}
+        previous = (0, 0)
         for a, b in spans:
             eq = text.find("=", a, b)
             if eq < 0:
                 raise self._error(a, f"expected 'attribute=value', found '{text[a:b]}'")
             key = text[a:eq]
+            if key == "device_ids" and text.startswith("replica_groups=mesh[", previous[0]):
+                # `replica_groups=mesh[...], device_ids=(...) {axes}` is one value.
+                attributes["replica_groups"] = text[previous[0] + len("replica_groups=") : b]
+                continue
             if key in attributes:
                 raise self._error(a, f"duplicate attribute '{key}'")
             attributes[key] = text[eq + 1 : b]
+            previous = (a, b)
         return attributes
 
     def _error(self, offset: int, message: str) -> HloError:
@@ -265,6 +271,7 @@ class Module:
         self.name = ""
         self.header_line = 1
         self.computations: list[Computation] = []
+        self._computations_by_name: dict[str, Computation] = {}
         # Printed layout: raw lines and computations, in source order.
         self._items: list[str | Computation] = []
         self._header_attributes: dict[str, str] | None = None
@@ -281,6 +288,12 @@ class Module:
 
     def computation(self, name: str) -> Computation | None:
         return self._computations_by_name.get(name)
+
+    def add_computation(self, comp: Computation) -> None:
+        """Append a computation (printed last, after ENTRY)."""
+        self.computations.append(comp)
+        self._computations_by_name[comp.name] = comp
+        self._items.extend(["", comp])
 
     @property
     def header_attributes(self) -> dict[str, str]:
@@ -318,10 +331,6 @@ class Module:
                 out.extend(inst.text for inst in item.instructions)
                 out.append("}")
         return "\n".join(out)
-
-    @property
-    def _computations_by_name(self) -> dict[str, Computation]:
-        return {c.name: c for c in self.computations}
 
 
 def parse_module(text: str, path: str = "<string>") -> Module:
@@ -377,6 +386,7 @@ def parse_module(text: str, path: str = "<string>") -> Module:
             computation_names.add(name)
             comp = Computation(module, name, line, line_no, is_entry=m.group(1) is not None)
             module.computations.append(comp)
+            module._computations_by_name[name] = comp
             module._items.append(comp)
         else:
             raise _line_error(

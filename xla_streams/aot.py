@@ -1,0 +1,166 @@
+"""Compile JAX programs for NVIDIA GPUs on a machine without one (deviceless AOT).
+
+XLA's GPU compiler runs against a compile-only topology built from a
+GpuTargetConfigProto, so `compiled.as_text()` is the real scheduled GPU HLO.
+jax is imported inside the functions: the offline CLI imports this package
+on machines where jax (or its CUDA plugin) is absent.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.resources
+import importlib.util
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+TARGETS: dict[str, str] = {
+    "h100": "h100_sxm.txtpb",
+    "a100": "a100_sxm_40.txtpb",
+}
+
+# Compiler options that make XLA write the optimized module as text. Pass
+# regex is empty so only the final after-optimizations module is written
+# (plus the compiler's own side files, which are ignored).
+_DUMP_OPTIONS: dict[str, Any] = {
+    "xla_dump_hlo_as_text": True,
+    "xla_dump_hlo_as_proto": False,
+    "xla_dump_hlo_pass_re": "",
+}
+
+
+class GpuAotUnavailable(RuntimeError):
+    """The deviceless GPU compiler (the `gpu-aot` extra) is not usable here."""
+
+
+@dataclass(frozen=True)
+class CompiledModule:
+    """The scheduled GPU module in the two text forms XLA prints."""
+
+    as_text: str
+    dump_text: str
+
+
+def target_config(target: str = "h100") -> str:
+    """The GpuTargetConfigProto text for `target` ("h100" or "a100")."""
+    try:
+        name = TARGETS[target]
+    except KeyError:
+        raise ValueError(f"unknown GPU target {target!r}; known: {sorted(TARGETS)}") from None
+    return (importlib.resources.files("xla_streams") / "targets" / name).read_text()
+
+
+def _require_gpu_aot() -> None:
+    if importlib.util.find_spec("jax_cuda12_plugin") is None:
+        raise GpuAotUnavailable(
+            "deviceless GPU compile needs the CUDA plugin: "
+            'pip install "xla-streams[gpu-aot]" (jax[cuda12]==0.10.2)'
+        )
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    if platforms != "cpu":
+        # With CUDA in JAX_PLATFORMS jax would try to open real GPUs and fail
+        # (or silently use them); the compile-only client needs none.
+        raise GpuAotUnavailable(
+            f"deviceless GPU compile needs JAX_PLATFORMS=cpu (got {platforms!r})"
+        )
+
+
+def gpu_topology(target: str = "h100", num_devices: int = 8, devices_per_host: int = 8) -> Any:
+    """A compile-only CUDA topology of `num_devices` GPUs, `devices_per_host` per process.
+
+    The PJRT topology string is `<partitions>x<hosts per partition>x<devices per host>`;
+    one partition keeps device ids and process indices in host-major order.
+    """
+    _require_gpu_aot()
+    if num_devices <= 0 or devices_per_host <= 0 or num_devices % devices_per_host:
+        raise ValueError(
+            f"num_devices={num_devices} is not a positive multiple of "
+            f"devices_per_host={devices_per_host}"
+        )
+    from jax.experimental import topologies
+
+    hosts = num_devices // devices_per_host
+    return topologies.get_topology_desc(
+        platform="cuda",
+        topology_name="",
+        target_config=target_config(target),
+        topology=f"1x{hosts}x{devices_per_host}",
+    )
+
+
+@contextmanager
+def path_independent_locations(
+    source_root: str | os.PathLike[str], exclude_files: Sequence[str] = ()
+) -> Iterator[None]:
+    """Make source locations in the HLO metadata independent of where the code lives.
+
+    Paths under `source_root` lose that prefix; frames from `exclude_files`
+    (drivers such as this module or a fixture script) are dropped, so their
+    line numbers and call depth do not leak into the module's metadata and
+    fingerprint. The exclusions stay registered for the life of the process
+    (jax has no way to remove one). Uses jax internals (pinned jax 0.10.2).
+    """
+    from jax._src import source_info_util
+
+    # jax.config's options are dynamic attributes: typed as Any for strict mypy.
+    config: Any = importlib.import_module("jax").config
+
+    for path in exclude_files:
+        if path not in source_info_util._exclude_paths:
+            source_info_util.register_exclusion(path)
+    root = os.path.realpath(os.fspath(source_root)).rstrip(os.sep) + os.sep
+    # Python records the path it was given; match the real and the given spelling.
+    prefixes = sorted({root, os.path.abspath(os.fspath(source_root)).rstrip(os.sep) + os.sep})
+    regex = "^(?:" + "|".join(re.escape(p) for p in prefixes) + ")"
+    previous = config.jax_hlo_source_file_canonicalization_regex
+    config.update("jax_hlo_source_file_canonicalization_regex", regex)
+    try:
+        yield
+    finally:
+        config.update("jax_hlo_source_file_canonicalization_regex", previous)
+
+
+def _read_dump(dump_dir: str) -> str:
+    found = sorted(glob.glob(os.path.join(dump_dir, "*after_optimizations.txt")))
+    if len(found) != 1:
+        raise RuntimeError(
+            f"expected one *after_optimizations.txt in the XLA dump, found {len(found)}"
+        )
+    with open(found[0], encoding="utf-8") as f:
+        return f.read()
+
+
+def compile_for_gpu(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    *,
+    compiler_options: Mapping[str, Any] | None = None,
+    dump: bool = True,
+) -> CompiledModule:
+    """Lower and compile `fn(*args)` with XLA's GPU compiler, deviceless.
+
+    `fn` is usually `jax.jit`-wrapped; `args` are abstract values
+    (`jax.ShapeDtypeStruct` with shardings over devices of `gpu_topology()`),
+    which select the compile-only client. `compiler_options` are XLA
+    DebugOptions fields. With `dump`, the after-optimizations module XLA
+    writes to its dump directory is returned as `dump_text` (this form prints
+    wrapped collectives as `async-start(...), calls=`); otherwise it is "".
+    """
+    _require_gpu_aot()
+    import jax
+
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    lowered = jitted.lower(*args)
+    options = dict(compiler_options or {})
+    if not dump:
+        return CompiledModule(as_text=lowered.compile(options).as_text(), dump_text="")
+    with tempfile.TemporaryDirectory(prefix="xla_streams_dump_") as dump_dir:
+        options.update(_DUMP_OPTIONS)
+        options["xla_dump_to"] = dump_dir
+        compiled = lowered.compile(options)
+        return CompiledModule(as_text=compiled.as_text(), dump_text=_read_dump(dump_dir))
