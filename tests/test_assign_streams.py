@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from xla_streams.passes.assign_streams import assign_streams, tied_units
-from xla_streams.passes.find_async_pairs import find_async_pairs
-from xla_streams.passes.verify_streams import verify_streams
 
 from xla_streams.collectives import AsyncPair, max_in_flight
 from xla_streams.hlo import parse_module
+from xla_streams.passes.assign_streams import assign_streams, tied_units
+from xla_streams.passes.find_async_pairs import find_async_pairs
+from xla_streams.passes.verify_streams import verify_streams
 from xla_streams.pipeline import VerificationError
 
 TP = "{{0,1,2,3},{4,5,6,7}}"  # tensor parallel: devices of one host half

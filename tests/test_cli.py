@@ -313,9 +313,8 @@ def test_assign_exits_1_when_its_assignment_is_wrong(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`assign` runs verify-streams: a wrong assignment stops it before anything is written."""
-    from xla_streams.passes import assign_streams as module
-
     from xla_streams.collectives import StreamAssignment
+    from xla_streams.passes import assign_streams as module
 
     def everything_apart(pairs, streams, policy):  # type: ignore[no-untyped-def]
         return StreamAssignment(streams, policy, {p.start: i for i, p in enumerate(pairs)})

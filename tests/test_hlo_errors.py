@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from xla_streams.passes.find_async_pairs import find_async_pairs
 
 from xla_streams.hlo import HloError, Module, parse_module
+from xla_streams.passes.find_async_pairs import find_async_pairs
 
 BASE = """\
 HloModule m, is_scheduled=true, num_partitions=4

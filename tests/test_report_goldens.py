@@ -30,13 +30,6 @@ FIXTURES = REPO / "hlo_fixtures"
 REPORTS = FIXTURES / "reports"
 ALL_FIXTURES = sorted(FIXTURES.glob("*.hlo"))
 
-# Fixtures the HLO front end cannot read yet; they have no golden. When one of
-# them starts to work, test_known_gaps_still_fail says so: drop it from here and
-# run scripts/update_goldens.py.
-KNOWN_GAPS: dict[str, str] = {}  # fixture file name -> why it cannot be read
-FIXTURES_WITH_GOLDENS = [f for f in ALL_FIXTURES if f.name not in KNOWN_GAPS]
-
-
 def golden_of(fixture: Path) -> Path:
     return REPORTS / (fixture.name.removesuffix(".hlo") + ".json")
 
@@ -59,10 +52,10 @@ def golden(fixture: Path) -> dict[str, Any]:
 
 
 def test_fixtures_are_there() -> None:
-    assert len(FIXTURES_WITH_GOLDENS) >= 10, "hlo_fixtures/*.hlo are missing"
+    assert len(ALL_FIXTURES) >= 10, "hlo_fixtures/*.hlo are missing"
 
 
-@pytest.mark.parametrize("fixture", FIXTURES_WITH_GOLDENS, ids=lambda p: p.name)
+@pytest.mark.parametrize("fixture", ALL_FIXTURES, ids=lambda p: p.name)
 def test_golden_matches(fixture: Path, tmp_path: Path) -> None:
     assert golden_of(fixture).exists(), (
         f"no golden for {fixture.name}: run python scripts/update_goldens.py"
@@ -77,22 +70,9 @@ def test_golden_matches(fixture: Path, tmp_path: Path) -> None:
 
 def test_every_golden_has_its_fixture() -> None:
     stale = {p.name for p in REPORTS.glob("*.json")} - {
-        golden_of(f).name for f in FIXTURES_WITH_GOLDENS
+        golden_of(f).name for f in ALL_FIXTURES
     }
     assert not stale, f"goldens without a fixture (run python scripts/update_goldens.py): {stale}"
-
-
-@pytest.mark.parametrize("name", sorted(KNOWN_GAPS))
-def test_known_gaps_still_fail(name: str, tmp_path: Path) -> None:
-    fixture = FIXTURES / name
-    if not fixture.exists():
-        pytest.fail(f"{name} is no fixture any more: drop it from KNOWN_GAPS")
-    code, text, errors = assign_json(fixture, tmp_path)
-    assert code != 0, (
-        f"{name} now works: drop it from KNOWN_GAPS and run python scripts/update_goldens.py"
-    )
-    assert code == 2 and text == "" and "Traceback" not in errors
-    assert re.match(rf"{re.escape(str(fixture))}:\d+:\d+: error: ", errors), errors
 
 
 # -- what the goldens say, checked against the fixtures' text ------------------------
@@ -124,7 +104,7 @@ def schedule(fixture: Path) -> dict[str, list[tuple[str, str, str]]]:
     return result
 
 
-@pytest.mark.parametrize("fixture", FIXTURES_WITH_GOLDENS, ids=lambda p: p.name)
+@pytest.mark.parametrize("fixture", ALL_FIXTURES, ids=lambda p: p.name)
 def test_golden_follows_schema_and_fixture(fixture: Path) -> None:
     report = golden(fixture)
     assert schema_problems(report) == []
@@ -173,7 +153,7 @@ def test_golden_follows_schema_and_fixture(fixture: Path) -> None:
 
 def test_goldens_are_the_same_in_a_fresh_process(tmp_path: Path) -> None:
     """Byte for byte across processes (hash seeds differ), through the installed CLI."""
-    fixture = max(FIXTURES_WITH_GOLDENS, key=lambda p: len(golden(p)["collectives"]))
+    fixture = max(ALL_FIXTURES, key=lambda p: len(golden(p)["collectives"]))
     out = tmp_path / "r.json"
     env = {**os.environ, "PYTHONHASHSEED": "4242"}
     subprocess.run(
@@ -201,7 +181,7 @@ def update_goldens() -> ModuleType:
 def test_update_script_writes_and_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     script = update_goldens()
     monkeypatch.setattr(script, "REPORTS", tmp_path)
-    fixture = FIXTURES_WITH_GOLDENS[0]
+    fixture = ALL_FIXTURES[0]
     mine = tmp_path / golden_of(fixture).name
     assert script.main(["--check", fixture.name]) == 1  # missing: differs
     assert not mine.exists()

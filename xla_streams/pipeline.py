@@ -148,10 +148,9 @@ def _type_name(hint: Any) -> str:
 
 @dataclass
 class PassManager:
-    """Runs passes in order, checking each one's requires/ensures."""
+    """Runs passes in order, checking each one's requires/ensures; records timings."""
 
     passes: list[ModulePass]
-    time_passes: bool = False
     print_after_all: Callable[[ModulePass, Module], None] | None = None
     timings: list[tuple[str, float]] = field(default_factory=list)
 
