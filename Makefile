@@ -8,11 +8,16 @@ STAMP := $(VENV)/.installed
 demo: $(STAMP)
 	$(VENV)/bin/xla-streams demo
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/python -m pytest -q
+
+# Headless Chromium renders the HTML report in a test (Debian's package; CI runs as root).
+.PHONY: chromium
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

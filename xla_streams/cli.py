@@ -242,6 +242,18 @@ def _demo(args: Args) -> int:
     return int(result or 0)
 
 
+def _simulate_flags(fv: flags.FlagValues) -> None:
+    from xla_streams.simulate.command import define_flags
+
+    define_flags(fv)
+
+
+def _simulate(args: Args) -> int:
+    from xla_streams.simulate.command import run_cli
+
+    return run_cli(args)
+
+
 COMMANDS: dict[str, Command] = {
     "opt": Command(
         "Run a pipeline of passes over an HLO module and print the result.",
@@ -271,6 +283,17 @@ COMMANDS: dict[str, Command] = {
         "Prints the table that `assign` prints, without writing a module: every async "
         "collective, where it sits in the schedule, its devices and size, its stream, "
         "then a summary.",
+    ),
+    "simulate": Command(
+        "Predict the step time with K = 1, 2, 4, 8 streams under each policy; draw the timelines.",
+        "IN.hlo [--streams=1,2,4,8] [--policy=interval,round-robin] [--trace=OUT.json] "
+        "[--html=OUT.html] [--target=h100] [--target-file=T.json]",
+        _simulate,
+        _simulate_flags,
+        "Replays the schedule on a cost model of the target GPU (xla_streams/simulate/) for "
+        "each number of streams and policy, with the real stream assignment, and prints the "
+        "predicted step time, exposed communication and speedup, against a lower bound. "
+        "--trace writes a Perfetto/Chrome trace, --html a self-contained report.",
     ),
     "demo": Command(
         "Compile the demo transformer step and show its collectives spread over streams (JAX).",

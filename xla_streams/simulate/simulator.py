@@ -1,0 +1,831 @@
+"""Discrete-event replay of a scheduled module on one GPU of the job.
+
+The model:
+
+- The compute stream executes the schedule in order, each instruction for the
+  time the cost model gives it.
+- An async start queues its collective on its collective stream (the stream
+  assignment's, or XLA's P2P stream for pipelined send/recv). A collective
+  begins when it is issued (its operands are ready: everything before the
+  start on the compute stream has run) and its stream has finished the
+  collectives queued before it (streams are FIFO).
+- A done blocks the compute stream until its collective has finished; the time
+  blocked is *exposed communication*.
+- Sync pairs (``is_sync``) and collectives that are not async at all run on the
+  compute stream: it issues them and waits.
+- A collective first spends its latency (unshared), then moves its wire bytes.
+  Collectives transferring at the same time over the same link (a device's
+  NVLink, or its network port) share its bandwidth equally (processor
+  sharing); a collective moves at the pace of its most shared link.
+- A ``while`` runs its condition and body ``known_trip_count`` times (then the
+  condition once more); without a known trip count it runs once and the result
+  says so. As soon as an iteration starts and ends with no collective in flight,
+  every later iteration is identical, so they are added without replaying them.
+  A ``conditional`` runs its most expensive branch; ``call`` runs its callee.
+- The lower bound gives every collective its own stream and its links to
+  itself: nothing queues and nothing shares bandwidth.
+
+Predictions: step time, exposed communication, busy time per stream, for each
+stream count K and policy, with the real assignment of ``assign-streams``.
+
+Not modelled (each makes real overlap somewhat worse than predicted): NCCL
+kernels taking SMs and HBM bandwidth from the compute kernels they overlap,
+NVLink SHARP (NVLS) all-reduce, several channels of one collective spreading
+over links differently from a plain ring, and launch overheads saved by CUDA
+graphs. The time of one device is predicted; ranks are assumed to run the same
+schedule in lockstep.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any
+
+from xla_streams.collectives import POLICIES, AsyncPair, Policy, StreamAssignment
+from xla_streams.hlo import Computation, Instruction, Module
+from xla_streams.hlo.attributes import decode, parse_backend_config
+from xla_streams.passes.assign_streams import assign_streams
+from xla_streams.passes.find_async_pairs import (
+    COLLECTIVES,
+    device_groups,
+    find_async_pairs,
+)
+from xla_streams.simulate.cost import CollectiveCost, CostModel, collective_cost
+from xla_streams.simulate.targets import Target
+
+# Step tags of a compiled program.
+_COMPUTE, _START, _DONE, _SYNC, _FIRE, _WHILE = range(6)
+# Lanes other than the collective streams 0..K-1.
+COMPUTE_LANE = -1
+P2P_LANE = -2
+# Lower bound: each collective takes the lowest-numbered of unlimited streams that
+# is idle when it starts, numbered from here (only the drawing sees the numbers).
+_UNLIMITED_BASE = 1_000_000
+_DYNAMIC = -3
+# Relative tolerance when deciding that two event times coincide.
+_EPS = 1e-12
+MAX_RECORDED_SLICES = 200_000
+
+Step = tuple[Any, ...]
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class CollectiveSpec:
+    """A collective the program issues: an async pair or a blocking one."""
+
+    name: str
+    kind: str
+    bytes: int
+    cost: CollectiveCost
+    pair: AsyncPair | None = None
+
+
+@dataclass
+class Program:
+    steps: list[Step]
+    serial: float  # time with nothing overlapped: compute plus standalone collectives
+
+    @property
+    def compute_only(self) -> bool:
+        """True when running it never touches a collective (its time is fixed)."""
+        return all(step[0] == _COMPUTE for step in self.steps)
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One interval of the timeline, on a lane."""
+
+    lane: int
+    name: str
+    kind: str
+    start: float
+    duration: float
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SimResult:
+    """What one configuration of streams is predicted to do."""
+
+    label: str
+    streams: int | None  # None: the lower bound (unlimited streams)
+    policy: str | None
+    step_time: float
+    compute_time: float
+    exposed_communication: float
+    lane_busy: dict[int, float]
+    notes: list[str]
+    slices: list[Slice] | None = None
+    truncated: bool = False
+
+    def lane_name(self, lane: int) -> str:
+        return lane_name(lane)
+
+
+def lane_name(lane: int) -> str:
+    if lane == COMPUTE_LANE:
+        return "compute"
+    if lane == P2P_LANE:
+        return "p2p stream"
+    if lane >= _UNLIMITED_BASE:
+        return f"own stream {lane - _UNLIMITED_BASE}"
+    return f"collective stream {lane}"
+
+
+class _Job:
+    __slots__ = (
+        "begin",
+        "end",
+        "finish_at",
+        "lane",
+        "latency_end",
+        "rate",
+        "ready",
+        "remaining",
+        "spec",
+        "spec_index",
+        "transferring",
+    )
+
+    def __init__(self, spec_index: int, spec: CollectiveSpec, lane: int, ready: float) -> None:
+        self.spec_index = spec_index
+        self.spec = spec
+        self.lane = lane
+        self.ready = ready
+        self.begin = math.nan
+        self.latency_end = math.nan
+        self.end: float | None = None
+        self.remaining = spec.cost.wire_bytes
+        self.rate = 0.0
+        self.finish_at = math.inf
+        self.transferring = False
+
+
+class _Network:
+    """The collective streams: FIFO queues, latency phases, shared-bandwidth transfers."""
+
+    def __init__(self, share: bool, recorder: _Recorder | None) -> None:
+        self.share = share
+        self.now = 0.0
+        self.queues: dict[int, deque[_Job]] = {}
+        self.running: dict[int, _Job] = {}
+        self.transferring: list[_Job] = []
+        self.usage: dict[int, int] = {}
+        self.busy: dict[int, float] = {}
+        self.recorder = recorder
+
+    def submit(self, job: _Job) -> None:
+        queue = self.queues.get(job.lane)
+        if queue is None:
+            queue = self.queues[job.lane] = deque()
+        queue.append(job)
+
+    def idle(self) -> bool:
+        return not self.running and not any(self.queues.values())
+
+    def run(self, until_time: float = math.inf, until_job: _Job | None = None) -> None:
+        """Process events up to ``until_time`` or until ``until_job`` has finished."""
+        while until_job is None or until_job.end is None:
+            t_next = math.inf
+            now = self.now
+            for lane, queue in self.queues.items():
+                if queue and lane not in self.running:
+                    t_next = min(t_next, max(now, queue[0].ready))
+            for job in self.running.values():
+                t_next = min(t_next, job.finish_at if job.transferring else job.latency_end)
+            if t_next > until_time:
+                self._advance(until_time)
+                return
+            if t_next == math.inf:
+                if until_job is not None:
+                    raise RuntimeError(f"collective '{until_job.spec.name}' can never finish")
+                return
+            self._advance(t_next)
+            self._events(t_next)
+
+    def _advance(self, t: float) -> None:
+        dt = t - self.now
+        if dt > 0:
+            for job in self.transferring:
+                job.remaining -= job.rate * dt
+            self.now = t
+
+    def _events(self, t: float) -> None:
+        tolerance = _EPS * max(abs(t), 1e-9)
+        limit = t + tolerance
+        changed = False
+        # Transfers that are complete and latencies that are over.
+        due = [
+            job
+            for job in self.running.values()
+            if (job.finish_at if job.transferring else job.latency_end) <= limit
+        ]
+        for job in due:
+            if job.transferring or job.remaining <= 0:
+                changed |= job.transferring
+                self._finish(job, t)
+            else:
+                self._start_transfer(job)
+                changed = True
+        # Idle streams take their next collective.
+        for lane, queue in self.queues.items():
+            if queue and lane not in self.running and queue[0].ready <= limit:
+                job = queue.popleft()
+                job.begin = t
+                job.latency_end = t + job.spec.cost.latency
+                self.running[lane] = job
+                if job.latency_end <= t:
+                    if job.remaining > 0:
+                        self._start_transfer(job)
+                        changed = True
+                    else:
+                        self._finish(job, t)
+        if changed:
+            self._rates()
+
+    def _start_transfer(self, job: _Job) -> None:
+        job.transferring = True
+        self.transferring.append(job)
+        usage = self.usage
+        for r in job.spec.cost.resources:
+            usage[r] = usage.get(r, 0) + 1
+
+    def _finish(self, job: _Job, t: float) -> None:
+        job.end = t
+        job.remaining = 0.0
+        del self.running[job.lane]
+        if job.transferring:
+            job.transferring = False
+            self.transferring.remove(job)
+            for r in job.spec.cost.resources:
+                self.usage[r] -= 1
+        self.busy[job.lane] = self.busy.get(job.lane, 0.0) + (t - job.begin)
+        if self.recorder is not None:
+            self.recorder.collective(job)
+
+    def _rates(self) -> None:
+        now = self.now
+        usage = self.usage
+        for job in self.transferring:
+            cost = job.spec.cost
+            share = 1.0
+            if self.share and cost.resources:
+                share = 1.0 / max(usage[r] for r in cost.resources)
+            job.rate = cost.bandwidth * share
+            job.finish_at = now + job.remaining / job.rate if job.rate > 0 else math.inf
+
+
+class _Recorder:
+    def __init__(self, limit: int) -> None:
+        self.slices: list[Slice] = []
+        self.limit = limit
+        self.truncated = False
+
+    def add(self, item: Slice) -> None:
+        if len(self.slices) < self.limit:
+            self.slices.append(item)
+        else:
+            self.truncated = True
+
+    def collective(self, job: _Job) -> None:
+        spec = job.spec
+        assert job.end is not None
+        standalone = spec.cost.seconds
+        self.add(
+            Slice(
+                job.lane,
+                spec.name,
+                spec.kind,
+                job.begin,
+                job.end - job.begin,
+                {
+                    "kind": spec.kind,
+                    "bytes": spec.bytes,
+                    "algorithm": spec.cost.algorithm,
+                    "link": "network" if spec.cost.network else "nvlink",
+                    "predicted_us": round((job.end - job.begin) * 1e6, 3),
+                    "standalone_us": round(standalone * 1e6, 3),
+                    "queued_us": round((job.begin - job.ready) * 1e6, 3),
+                    "latency_us": round(spec.cost.latency * 1e6, 3),
+                },
+            )
+        )
+
+
+class Simulator:
+    """Compiles a module once (costs, programs) and replays it for any assignment."""
+
+    def __init__(
+        self,
+        module: Module,
+        target: Target,
+        pairs: Sequence[AsyncPair] | None = None,
+        *,
+        progress: Progress | None = None,
+    ) -> None:
+        self.module = module
+        self.target = target
+        self.cost = CostModel(module, target)
+        self.pairs: tuple[AsyncPair, ...] = tuple(
+            pairs if pairs is not None else find_async_pairs(module)
+        )
+        self.progress = progress
+        self.notes: list[str] = []
+        self.specs: list[CollectiveSpec] = [
+            CollectiveSpec(p.start, p.kind, p.bytes, self.cost.collective(p), p) for p in self.pairs
+        ]
+        self._pair_of_start = {p.start: i for i, p in enumerate(self.pairs)}
+        self._pair_of_done = {p.done: i for i, p in enumerate(self.pairs)}
+        self._programs: dict[str, Program] = {}
+        self._merged: dict[int, list[Step]] = {}
+        self._compiling: set[str] = set()
+        self._outcomes: dict[tuple[Any, ...], tuple[float, float, float, dict[int, float]]] = {}
+        self.entry = self._compile(module.entry)
+        self._entry_merged = self._merge(self.entry.steps)
+
+    # -- compiling ---------------------------------------------------------------
+
+    def _compile(self, comp: Computation) -> Program:
+        program = self._programs.get(comp.name)
+        if program is not None:
+            return program
+        if comp.name in self._compiling:
+            raise RuntimeError(f"computation '{comp.name}' calls itself")
+        self._compiling.add(comp.name)
+        steps: list[Step] = []
+        serial = 0.0
+        cost_of = self.cost.instruction
+        for inst in comp.instructions:
+            name = inst.name
+            opcode = inst.opcode
+            pair_index = self._pair_of_start.get(name)
+            if pair_index is not None:
+                spec = self.specs[pair_index]
+                steps.append((_SYNC if self.pairs[pair_index].sync else _START, pair_index))
+                serial += spec.cost.seconds
+                continue
+            pair_index = self._pair_of_done.get(name)
+            if pair_index is not None:
+                if not self.pairs[pair_index].sync:
+                    steps.append((_DONE, pair_index))
+                continue
+            if opcode == "while":
+                step = self._while(inst)
+                steps.append(step)
+                cond, body, trip = step[2], step[3], step[4]
+                serial += trip * (cond.serial + body.serial) + cond.serial
+            elif opcode in ("call", "conditional"):
+                callee = self._callee_program(inst)
+                if callee is not None:
+                    steps.extend(callee.steps)
+                    serial += callee.serial
+            elif opcode == "async-start":
+                wrapped = self._callee(inst, "calls")
+                if wrapped is not None:
+                    # An async computation that is no collective: run it in place.
+                    seconds = self._compile(wrapped).serial
+                    steps.append((_COMPUTE, seconds, name, "async-compute", 0, 0.0))
+                    serial += seconds
+            elif opcode in ("send", "recv"):
+                # Unpaired: pipelined from an earlier iteration; its done is elsewhere.
+                index = self._add_spec(inst, opcode)
+                steps.append((_FIRE, index))
+            elif opcode in ("send-done", "recv-done"):
+                continue
+            elif opcode in COLLECTIVES:
+                index = self._add_spec(inst, opcode)
+                steps.append((_SYNC, index))
+                serial += self.specs[index].cost.seconds
+            else:
+                cost = cost_of(inst)
+                if cost.seconds > 0:
+                    steps.append((_COMPUTE, cost.seconds, name, cost.kind, cost.bytes, cost.flops))
+                    serial += cost.seconds
+        self._compiling.discard(comp.name)
+        program = Program(steps, serial)
+        self._programs[comp.name] = program
+        return program
+
+    def _add_spec(self, inst: Instruction, kind: str) -> int:
+        groups = device_groups(self.module, inst, kind)
+        size = max(sum(o.shape.byte_size for o in inst.operands), inst.shape.byte_size)
+        self.specs.append(
+            CollectiveSpec(inst.name, kind, size, collective_cost(kind, groups, size, self.target))
+        )
+        return len(self.specs) - 1
+
+    def _callee(self, inst: Instruction, key: str) -> Computation | None:
+        value = inst.attribute(key)
+        if value is None:
+            return None
+        comp = self.cost.computations.get(value.strip().lstrip("%"))
+        if comp is None:
+            raise inst.error_at_attribute(key, 0, f"unknown computation '{value}'")
+        return comp
+
+    def _callee_program(self, inst: Instruction) -> Program | None:
+        if inst.opcode == "call":
+            comp = self._callee(inst, "to_apply")
+            return self._compile(comp) if comp is not None else None
+        names: list[str] = []
+        branches = inst.attribute("branch_computations")
+        if branches is not None:
+            names = [n.strip().lstrip("%") for n in branches.strip("{}").split(",") if n.strip()]
+        else:
+            for key in ("true_computation", "false_computation"):
+                value = inst.attribute(key)
+                if value is not None:
+                    names.append(value.strip().lstrip("%"))
+        programs = []
+        for n in names:
+            comp = self.cost.computations.get(n)
+            if comp is None:
+                raise inst.error(f"unknown branch computation '{n}'")
+            programs.append((self._compile(comp), n))
+        if not programs:
+            return None
+        best, best_name = max(programs, key=lambda item: item[0].serial)
+        if len(programs) > 1:
+            self.notes.append(
+                f"conditional %{inst.name}: ran its most expensive branch %{best_name} "
+                f"(of {len(programs)})"
+            )
+        return best
+
+    def _while(self, inst: Instruction) -> Step:
+        body = self._callee(inst, "body")
+        cond = self._callee(inst, "condition")
+        if body is None or cond is None:
+            raise inst.error("while without body= or condition=")
+        trip, known = trip_count(inst)
+        if not known:
+            self.notes.append(
+                f"while %{inst.name}: trip count unknown (no known_trip_count in its "
+                "backend_config); its body was simulated once"
+            )
+        return (_WHILE, inst.name, self._compile(cond), self._compile(body), trip, known)
+
+    def _merge(self, steps: list[Step]) -> list[Step]:
+        """Consecutive compute steps folded into one, for replays that draw nothing."""
+        key = id(steps)
+        cached = self._merged.get(key)
+        if cached is not None:
+            return cached
+        merged: list[Step] = []
+        pending = 0.0
+        for step in steps:
+            if step[0] == _COMPUTE:
+                pending += step[1]
+                continue
+            if pending:
+                merged.append((_COMPUTE, pending, "", "", 0, 0.0))
+                pending = 0.0
+            if step[0] == _WHILE:
+                cond, body = step[2], step[3]
+                step = (
+                    _WHILE, step[1],
+                    Program(self._merge(cond.steps), cond.serial),
+                    Program(self._merge(body.steps), body.serial),
+                    step[4], step[5],
+                )  # fmt: skip
+            merged.append(step)
+        if pending:
+            merged.append((_COMPUTE, pending, "", "", 0, 0.0))
+        self._merged[key] = merged
+        return merged
+
+    # -- replaying -----------------------------------------------------------------
+
+    def run(
+        self,
+        assignment: StreamAssignment | None,
+        *,
+        record: bool = False,
+        label: str | None = None,
+        share_bandwidth: bool | None = None,
+    ) -> SimResult:
+        """Replay with ``assignment``'s streams, or the lower bound when None.
+
+        ``share_bandwidth`` (default: True except for the lower bound) turns the
+        sharing of links between concurrent collectives on or off."""
+        share = assignment is not None if share_bandwidth is None else share_bandwidth
+        lanes: list[int] = []
+        for i, spec in enumerate(self.specs):
+            if i >= len(self.pairs):
+                lanes.append(P2P_LANE)
+                continue
+            if assignment is None:
+                lanes.append(_DYNAMIC)
+                continue
+            stream = assignment.stream_of.get(spec.name)
+            lanes.append(P2P_LANE if stream is None else stream)
+        recorder = _Recorder(MAX_RECORDED_SLICES) if record else None
+        # Different (K, policy) often give the same streams: replay each once.
+        key = (share, *lanes)
+        outcome = None if record else self._outcomes.get(key)
+        if outcome is None:
+            replay = _Replay(self, lanes, share=share, recorder=recorder)
+            replay.program(self.entry.steps if record else self._entry_merged)
+            replay.finish()
+            lane_busy = dict(sorted(replay.network.busy.items()))
+            lane_busy[COMPUTE_LANE] = replay.compute_busy
+            outcome = (replay.t, replay.compute_busy, replay.exposed, lane_busy)
+            if not record:
+                self._outcomes[key] = outcome
+        step_time, compute_busy, exposed, lane_busy = outcome
+        if assignment is None:
+            streams, policy = None, None
+            default_label = "lower bound"
+        else:
+            streams, policy = assignment.streams, assignment.policy
+            default_label = f"K={assignment.streams} {assignment.policy}"
+        return SimResult(
+            label=label or default_label,
+            streams=streams,
+            policy=policy,
+            step_time=step_time,
+            compute_time=compute_busy,
+            exposed_communication=exposed,
+            lane_busy=dict(lane_busy),
+            notes=list(self.notes),
+            slices=recorder.slices if recorder is not None else None,
+            truncated=recorder.truncated if recorder is not None else False,
+        )
+
+    def serial_time(self) -> float:
+        """Everything one after another: compute plus every collective standalone."""
+        return self.entry.serial
+
+
+class _Replay:
+    def __init__(
+        self, sim: Simulator, lanes: list[int], share: bool, recorder: _Recorder | None
+    ) -> None:
+        self.sim = sim
+        self.specs = sim.specs
+        self.lanes = lanes
+        self.network = _Network(share, recorder)
+        self.recorder = recorder
+        self.t = 0.0
+        self.compute_busy = 0.0
+        self.exposed = 0.0
+        self.in_flight: dict[int, _Job] = {}
+        self.fired: list[_Job] = []
+
+    def program(self, steps: list[Step]) -> None:
+        recorder = self.recorder
+        network = self.network
+        for step in steps:
+            tag = step[0]
+            if tag == _COMPUTE:
+                seconds = step[1]
+                if recorder is not None:
+                    recorder.add(
+                        Slice(
+                            COMPUTE_LANE, step[2], step[3], self.t, seconds,
+                            {"kind": step[3], "bytes": step[4], "flops": step[5],
+                             "predicted_us": round(seconds * 1e6, 3)},
+                        )
+                    )  # fmt: skip
+                self.t += seconds
+                self.compute_busy += seconds
+            elif tag == _START:
+                index = step[1]
+                lane = self.lanes[index]
+                if lane == _DYNAMIC:
+                    lane = self._idle_lane()
+                job = _Job(index, self.specs[index], lane, self.t)
+                network.submit(job)
+                self.in_flight[index] = job
+            elif tag == _DONE:
+                job = self.in_flight.pop(step[1])
+                self._wait(job, "wait")
+            elif tag == _SYNC:
+                index = step[1]
+                job = _Job(index, self.specs[index], COMPUTE_LANE, self.t)
+                network.submit(job)
+                self._wait(job, None)
+            elif tag == _FIRE:
+                index = step[1]
+                job = _Job(index, self.specs[index], P2P_LANE, self.t)
+                network.submit(job)
+                self.fired.append(job)
+            else:
+                self._loop(step)
+
+    def _idle_lane(self) -> int:
+        """The lowest-numbered unlimited stream with nothing running or queued now."""
+        network = self.network
+        network.run(until_time=self.t)
+        lane = _UNLIMITED_BASE
+        while lane in network.running or network.queues.get(lane):
+            lane += 1
+        return lane
+
+    def _wait(self, job: _Job, wait_kind: str | None) -> None:
+        if job.end is None:
+            self.network.run(until_job=job)
+        assert job.end is not None
+        if job.end > self.t:
+            waited = job.end - self.t
+            self.exposed += waited
+            if self.recorder is not None and wait_kind is not None:
+                self.recorder.add(
+                    Slice(
+                        COMPUTE_LANE, f"wait {job.spec.name}", wait_kind, self.t, waited,
+                        {"kind": "wait", "collective": job.spec.name,
+                         "predicted_us": round(waited * 1e6, 3)},
+                    )
+                )  # fmt: skip
+            self.t = job.end
+
+    def _loop(self, step: Step) -> None:
+        _, name, cond, body, trip, _known = step
+        network = self.network
+        i = 0
+        while i < trip:
+            network.run(until_time=self.t)
+            idle_before = network.idle() and not self.in_flight
+            before = (self.t, self.compute_busy, self.exposed, dict(network.busy))
+            self.program(cond.steps)
+            self.program(body.steps)
+            i += 1
+            if i >= trip:
+                continue
+            compute_only = cond.compute_only and body.compute_only
+            if not compute_only:
+                # The iteration's time depends on collectives: it repeats exactly only
+                # when it started and ended with nothing in flight.
+                if not idle_before:
+                    continue
+                network.run(until_time=self.t)
+                if not (network.idle() and not self.in_flight):
+                    continue
+            # Every later iteration takes exactly as long as this one: add them up.
+            repeats = trip - i
+            t0, busy0, exposed0, lanes0 = before
+            duration = self.t - t0
+            if self.recorder is not None:
+                self.recorder.add(
+                    Slice(
+                        COMPUTE_LANE, f"{name}: {repeats} more iterations", "repeat", self.t,
+                        duration * repeats,
+                        {"kind": "repeat", "iterations": repeats,
+                         "iteration_us": round(duration * 1e6, 3)},
+                    )
+                )  # fmt: skip
+            self.t += duration * repeats
+            self.compute_busy += (self.compute_busy - busy0) * repeats
+            self.exposed += (self.exposed - exposed0) * repeats
+            if not compute_only:
+                # Idle network: its streams' busy time repeats too, and nothing is pending.
+                for lane, busy in list(network.busy.items()):
+                    network.busy[lane] = busy + (busy - lanes0.get(lane, 0.0)) * repeats
+                network.now = self.t
+            # A compute-only body leaves collectives in flight alone: they advance
+            # lazily, when the compute stream next needs one.
+            break
+        self.program(cond.steps)
+
+    def finish(self) -> None:
+        """Let collectives nobody waits for (fired p2p) drain; they do not extend the step."""
+        for job in self.in_flight.values():
+            self._wait(job, "wait")
+        self.in_flight.clear()
+        self.network.run(until_time=self.t)
+
+
+def trip_count(inst: Instruction) -> tuple[int, bool]:
+    """``known_trip_count`` of a while (1 and False when XLA did not record one)."""
+    config = decode(inst, "backend_config", parse_backend_config) or {}
+    known = config.get("known_trip_count")
+    if isinstance(known, dict) and "n" in known:
+        try:
+            return max(int(known["n"]), 0), True
+        except (TypeError, ValueError):
+            pass
+    return 1, False
+
+
+# -- what-if --------------------------------------------------------------------------
+
+
+@dataclass
+class WhatIf:
+    """Predictions for every stream count and policy, plus the lower bound."""
+
+    module: str
+    target: Target
+    streams: tuple[int, ...]
+    policies: tuple[Policy, ...]
+    results: dict[tuple[int, str], SimResult]
+    assignments: dict[tuple[int, str], StreamAssignment]
+    lower_bound: SimResult
+    serial: float
+    pairs: tuple[AsyncPair, ...]
+    specs: list[CollectiveSpec]
+    notes: list[str]
+    explanations: list[str] = field(default_factory=list)
+
+    def result(self, streams: int, policy: str) -> SimResult:
+        return self.results[(streams, policy)]
+
+    @property
+    def baseline(self) -> SimResult:
+        """One collective stream: what XLA does today."""
+        return self.results[(min(self.streams), self.policies[0])]
+
+    def non_monotone(self) -> list[str]:
+        """Why a larger K is predicted slower than a smaller one, where it is."""
+        return list(self.explanations)
+
+
+def what_if(
+    module: Module,
+    target: Target,
+    streams: Iterable[int] = (1, 2, 4, 8),
+    policies: Iterable[Policy] = POLICIES,
+    *,
+    pairs: Sequence[AsyncPair] | None = None,
+    progress: Progress | None = None,
+    simulator: Simulator | None = None,
+) -> WhatIf:
+    """Simulate ``module`` for every K in ``streams`` under every policy."""
+    streams = tuple(sorted(set(streams)))
+    policies = tuple(policies)
+    say = progress or (lambda _message: None)
+    if simulator is None:
+        say(f"cost model: {module.name}")
+        simulator = Simulator(module, target, pairs, progress=progress)
+    results: dict[tuple[int, str], SimResult] = {}
+    assignments: dict[tuple[int, str], StreamAssignment] = {}
+    for policy in policies:
+        for k in streams:
+            say(f"simulating K={k} {policy}")
+            assignment = assign_streams(simulator.pairs, k, policy)
+            assignments[(k, policy)] = assignment
+            results[(k, policy)] = simulator.run(assignment)
+    say("simulating the lower bound")
+    lower = simulator.run(None)
+    explanations = _explain_non_monotone(simulator, streams, policies, results, assignments)
+    return WhatIf(
+        module=module.name,
+        target=target,
+        streams=streams,
+        policies=policies,
+        results=results,
+        assignments=assignments,
+        lower_bound=lower,
+        serial=simulator.serial_time(),
+        pairs=simulator.pairs,
+        specs=simulator.specs,
+        notes=list(simulator.notes),
+        explanations=explanations,
+    )
+
+
+# Relative slack before a larger K counts as slower than a smaller one.
+MONOTONE_TOLERANCE = 1e-9
+
+
+def _explain_non_monotone(
+    simulator: Simulator,
+    streams: tuple[int, ...],
+    policies: tuple[Policy, ...],
+    results: dict[tuple[int, str], SimResult],
+    assignments: dict[tuple[int, str], StreamAssignment],
+) -> list[str]:
+    """For each K predicted slower than the K before it, replay both without bandwidth
+    sharing to tell the two possible causes apart."""
+    out = []
+    for policy in policies:
+        for smaller, k in pairwise(streams):
+            slow, fast = results[(k, policy)], results[(smaller, policy)]
+            if slow.step_time <= fast.step_time * (1 + MONOTONE_TOLERANCE):
+                continue
+            unshared_slow = simulator.run(assignments[(k, policy)], share_bandwidth=False)
+            unshared_fast = simulator.run(assignments[(smaller, policy)], share_bandwidth=False)
+            head = (
+                f"{policy}: K={k} ({slow.step_time * 1e3:.4f} ms) is predicted slower than "
+                f"K={smaller} ({fast.step_time * 1e3:.4f} ms): "
+            )
+            if unshared_slow.step_time <= unshared_fast.step_time * (1 + MONOTONE_TOLERANCE):
+                out.append(
+                    head + "collectives that now run at the same time share link bandwidth, so "
+                    "the one the compute stream waits for first finishes later than it would "
+                    "have queued alone (without sharing K="
+                    f"{k} would take {unshared_slow.step_time * 1e3:.4f} ms, K={smaller} "
+                    f"{unshared_fast.step_time * 1e3:.4f} ms)"
+                )
+            else:
+                out.append(
+                    head + f"the {policy} assignment for K={k} queues collectives behind "
+                    f"different ones than for K={smaller}, and a collective the compute stream "
+                    "needs early now waits behind a later one"
+                )
+    return out

@@ -1,0 +1,312 @@
+"""The one table of hardware constants the cost model uses, with where each comes from.
+
+Every number the simulator needs lives in a ``Target``; nothing else in
+``xla_streams.simulate`` hard-codes a rate or a latency. Three targets ship:
+``h100``, ``a100`` and ``h200`` (SXM parts in 8-GPU DGX/HGX hosts). Any field
+can be overridden from a JSON file (``load_target``)::
+
+    {"base": "h100", "name": "h100-measured", "link_efficiency": 0.72,
+     "matrix_flops": {"bf16": 8.0e14}}
+
+Sources, by field
+-----------------
+
+Datasheet numbers (peak, dense, i.e. without the 2:4 sparsity factor the
+datasheets star):
+
+- ``matrix_flops``, ``memory_bandwidth``, ``nvlink_bandwidth``:
+  NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column): FP64 Tensor Core
+  67 TFLOPS, TF32 Tensor Core 989 TFLOPS sparse = 494.7 dense, BF16/FP16
+  1,979 sparse = 989.4 dense, FP8 and INT8 3,958 sparse = 1,979 dense, GPU
+  memory bandwidth 3.35 TB/s, NVLink 900 GB/s (bidirectional, so 450 GB/s each
+  way). NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): same compute and
+  NVLink as H100 SXM, HBM3e 4.8 TB/s. NVIDIA A100 Tensor Core GPU datasheet
+  (A100 40GB SXM): FP64 Tensor Core 19.5, TF32 156 dense (312 sparse),
+  BF16/FP16 312 dense (624 sparse), INT8 624 dense, HBM2 1,555 GB/s, NVLink
+  600 GB/s (300 GB/s each way); A100 has no FP8, so FP8 dots run at the BF16
+  rate. The A100 and H100 bandwidths agree with the GpuTargetConfigProto files
+  in ``xla_streams/targets/`` (``memory_bandwidth``).
+- ``network_bandwidth``: one NIC per GPU in a DGX. DGX H100/H200 user guide:
+  8 x ConnectX-7 at 400 Gb/s (NDR InfiniBand) = 50 GB/s per GPU each way.
+  DGX A100 user guide: 8 x ConnectX-6 at 200 Gb/s (HDR) = 25 GB/s per GPU.
+- ``devices_per_host``: 8 GPUs per DGX/HGX board.
+
+NCCL's own cost model (``src/graph/tuning.cc`` of NVIDIA/nccl as of commit
+01afd20: the ``baseLat`` and ``hwLat`` tables, microseconds, and the LL
+bandwidth factor) for the latency terms, per protocol (``protocols``):
+
+- ``simple`` (what NCCL uses for large messages): base latency 8.4 us for rings
+  (``baseLat`` Ring/Simple) and 0 for trees; per ring step 3.4 us over NVLink and
+  9.6 us over the network (``hwLat`` Ring/Simple); per tree step 28 and 50 us
+  (``hwLat`` Tree/Simple, "the latency of a 256kB chunk"); full bandwidth.
+- ``ll`` (low latency, small messages): base 3.6 us for rings and 4.4 us for
+  trees; per ring step 0.47 / 2.7 us, per tree step 0.52 / 5.0 us (NVLink /
+  network); a quarter of the bandwidth (``busBw *= 1.0/4.0`` for Ring/LL).
+
+Modelling assumptions (not datasheet numbers; calibrate them with a JSON file):
+
+- ``matrix_efficiency`` 0.7: large GEMMs reach about 70% of dense tensor-core peak.
+- ``memory_efficiency`` 0.8: streaming kernels reach about 80% of HBM peak.
+- ``link_efficiency`` 0.8: NCCL's bus bandwidth is about 80% of the link's peak
+  (NCCL-tests' all-reduce busbw on DGX H100 is in the 350-370 GB/s range against
+  450 GB/s; NCCL's model caps A100 at 235 GB/s of 300).
+- ``kernel_overhead`` 2 us: the smallest time a kernel occupies the stream
+  (launch gap plus the tail of a tiny grid).
+- f32 dots run on TF32 tensor cores: XLA:GPU's default precision for f32
+  dots (what JAX asks for unless ``jax_default_matmul_precision`` is set).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TERA = 1e12
+GIGA = 1e9
+MICRO = 1e-6
+
+# Element types of a dot's operands -> the key of the matrix rate it runs at.
+MATRIX_RATE_OF_TYPE: dict[str, str] = {
+    "f64": "fp64",
+    "c128": "fp64",
+    "f32": "tf32",
+    "c64": "tf32",
+    "bf16": "bf16",
+    "f16": "bf16",
+    "s8": "int8",
+    "u8": "int8",
+    "s4": "int8",
+    "u4": "int8",
+}
+FP8_PREFIXES = ("f8", "f4")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """Latencies (seconds) and bandwidth share of one NCCL protocol."""
+
+    ring_base_latency: float
+    tree_base_latency: float
+    ring_step_latency_nvlink: float
+    ring_step_latency_network: float
+    tree_step_latency_nvlink: float
+    tree_step_latency_network: float
+    bandwidth_fraction: float = 1.0
+
+    def ring_step_latency(self, network: bool) -> float:
+        return self.ring_step_latency_network if network else self.ring_step_latency_nvlink
+
+    def tree_step_latency(self, network: bool) -> float:
+        return self.tree_step_latency_network if network else self.tree_step_latency_nvlink
+
+
+SIMPLE = Protocol(
+    ring_base_latency=8.4 * MICRO,
+    tree_base_latency=0.0,
+    ring_step_latency_nvlink=3.4 * MICRO,
+    ring_step_latency_network=9.6 * MICRO,
+    tree_step_latency_nvlink=28.0 * MICRO,
+    tree_step_latency_network=50.0 * MICRO,
+)
+LL = Protocol(
+    ring_base_latency=3.6 * MICRO,
+    tree_base_latency=4.4 * MICRO,
+    ring_step_latency_nvlink=0.47 * MICRO,
+    ring_step_latency_network=2.7 * MICRO,
+    tree_step_latency_nvlink=0.52 * MICRO,
+    tree_step_latency_network=5.0 * MICRO,
+    bandwidth_fraction=0.25,
+)
+DEFAULT_PROTOCOLS: dict[str, Protocol] = {"simple": SIMPLE, "ll": LL}
+
+
+@dataclass(frozen=True)
+class Target:
+    """Rates in units per second, latencies in seconds, bandwidths in bytes/s per GPU
+    per direction."""
+
+    name: str
+    description: str
+    # Dense tensor-core rates by precision class (keys of MATRIX_RATE_OF_TYPE and "fp8").
+    matrix_flops: dict[str, float]
+    memory_bandwidth: float
+    nvlink_bandwidth: float
+    network_bandwidth: float
+    devices_per_host: int = 8
+    # NCCL protocols a collective may use; the cost model takes the fastest.
+    protocols: dict[str, Protocol] = field(default_factory=lambda: dict(DEFAULT_PROTOCOLS))
+    matrix_efficiency: float = 0.7
+    memory_efficiency: float = 0.8
+    link_efficiency: float = 0.8
+    kernel_overhead: float = 2.0 * MICRO
+    sources: tuple[str, ...] = field(default=())
+
+    def matrix_rate(self, element_type: str) -> float:
+        """Achievable FLOP/s of a dot whose operands have ``element_type``."""
+        if element_type.startswith(FP8_PREFIXES):
+            key = "fp8"
+        else:
+            key = MATRIX_RATE_OF_TYPE.get(element_type, "tf32")
+        peak = self.matrix_flops.get(key) or self.matrix_flops["bf16"]
+        return peak * self.matrix_efficiency
+
+    @property
+    def achievable_memory_bandwidth(self) -> float:
+        return self.memory_bandwidth * self.memory_efficiency
+
+    def link_bandwidth(self, network: bool) -> float:
+        """Achievable bytes/s per GPU each way over NVLink or the network."""
+        peak = self.network_bandwidth if network else self.nvlink_bandwidth
+        return peak * self.link_efficiency
+
+
+H100 = Target(
+    name="h100",
+    description="NVIDIA H100 SXM5 80GB in an 8-GPU DGX/HGX H100 host",
+    matrix_flops={
+        "fp64": 67 * TERA,
+        "tf32": 494.7 * TERA,
+        "bf16": 989.4 * TERA,
+        "fp8": 1978.9 * TERA,
+        "int8": 1978.9 * TERA,
+    },
+    memory_bandwidth=3.35 * TERA,
+    nvlink_bandwidth=450 * GIGA,
+    network_bandwidth=50 * GIGA,
+    sources=(
+        "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column",
+        "NVIDIA DGX H100 user guide: 8x ConnectX-7 400 Gb/s",
+        "NVIDIA/nccl src/graph/tuning.cc baseLat/hwLat (Simple protocol)",
+    ),
+)
+
+H200 = dataclasses.replace(
+    H100,
+    name="h200",
+    description="NVIDIA H200 SXM 141GB in an 8-GPU DGX/HGX H200 host",
+    memory_bandwidth=4.8 * TERA,
+    sources=(
+        "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column",
+        "NVIDIA DGX H200 user guide: 8x ConnectX-7 400 Gb/s",
+        "NVIDIA/nccl src/graph/tuning.cc baseLat/hwLat (Simple protocol)",
+    ),
+)
+
+A100 = Target(
+    name="a100",
+    description="NVIDIA A100 SXM4 40GB in an 8-GPU DGX/HGX A100 host",
+    matrix_flops={
+        "fp64": 19.5 * TERA,
+        "tf32": 156 * TERA,
+        "bf16": 312 * TERA,
+        "int8": 624 * TERA,
+    },
+    memory_bandwidth=1.555 * TERA,
+    nvlink_bandwidth=300 * GIGA,
+    network_bandwidth=25 * GIGA,
+    sources=(
+        "NVIDIA A100 Tensor Core GPU datasheet, A100 40GB SXM column",
+        "NVIDIA DGX A100 user guide: 8x ConnectX-6 200 Gb/s",
+        "NVIDIA/nccl src/graph/tuning.cc baseLat/hwLat (Simple protocol)",
+    ),
+)
+
+TARGETS: dict[str, Target] = {t.name: t for t in (H100, A100, H200)}
+
+
+class TargetError(ValueError):
+    """An unknown target name or a bad target file."""
+
+
+def get_target(name: str) -> Target:
+    try:
+        return TARGETS[name.lower()]
+    except KeyError:
+        raise TargetError(f"unknown target '{name}'; known targets: {', '.join(TARGETS)}") from None
+
+
+def load_target(path: str | Path, base: str | None = None) -> Target:
+    """A target from a JSON object of overrides on ``base`` (or its own ``"base"`` key,
+    default h100). ``matrix_flops`` entries are merged key by key."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise TargetError(f"cannot read target file {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise TargetError(f"target file {path}: expected a JSON object")
+    return target_with_overrides(get_target(str(data.pop("base", base or "h100"))), data, str(path))
+
+
+def target_with_overrides(
+    target: Target, overrides: dict[str, Any], origin: str = "overrides"
+) -> Target:
+    fields = {f.name: f for f in dataclasses.fields(Target)}
+    changes: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key not in fields:
+            raise TargetError(
+                f"{origin}: unknown target field '{key}'; fields: {', '.join(fields)}"
+            )
+        current = getattr(target, key)
+        if key == "matrix_flops":
+            if not isinstance(value, dict) or not all(_is_number(v) for v in value.values()):
+                raise TargetError(f"{origin}: matrix_flops must map precision names to numbers")
+            changes[key] = {**current, **{k: float(v) for k, v in value.items()}}
+        elif key == "protocols":
+            changes[key] = _protocols(current, value, origin)
+        elif key == "sources":
+            changes[key] = tuple(str(s) for s in value)
+        elif isinstance(current, str):
+            changes[key] = str(value)
+        elif (
+            isinstance(current, int) and not isinstance(current, bool) and key == "devices_per_host"
+        ):
+            if not isinstance(value, int) or value < 1:
+                raise TargetError(f"{origin}: devices_per_host must be a positive integer")
+            changes[key] = value
+        else:
+            if not _is_number(value) or value < 0:
+                raise TargetError(f"{origin}: {key} must be a non-negative number, not {value!r}")
+            changes[key] = float(value)
+    return dataclasses.replace(target, **changes)
+
+
+def _protocols(current: dict[str, Protocol], value: Any, origin: str) -> dict[str, Protocol]:
+    if not isinstance(value, dict):
+        raise TargetError(f"{origin}: protocols must map protocol names to objects")
+    result = dict(current)
+    names = {f.name for f in dataclasses.fields(Protocol)}
+    for name, fields in value.items():
+        if fields is None:
+            result.pop(name, None)  # null removes a protocol
+            continue
+        if not isinstance(fields, dict):
+            raise TargetError(f"{origin}: protocol '{name}' must be an object or null")
+        unknown = set(fields) - names
+        if unknown:
+            raise TargetError(
+                f"{origin}: protocol '{name}': unknown field(s) {', '.join(sorted(unknown))}; "
+                f"fields: {', '.join(sorted(names))}"
+            )
+        if not all(_is_number(v) and v >= 0 for v in fields.values()):
+            raise TargetError(f"{origin}: protocol '{name}': fields must be non-negative numbers")
+        base = result.get(name)
+        if base is None:
+            missing = names - set(fields) - {"bandwidth_fraction"}
+            if missing:
+                raise TargetError(
+                    f"{origin}: new protocol '{name}' needs {', '.join(sorted(missing))}"
+                )
+            result[name] = Protocol(**{k: float(v) for k, v in fields.items()})
+        else:
+            result[name] = dataclasses.replace(base, **{k: float(v) for k, v in fields.items()})
+    if not result:
+        raise TargetError(f"{origin}: at least one protocol must remain")
+    return result
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
