@@ -30,6 +30,7 @@ FIXTURES = REPO / "hlo_fixtures"
 REPORTS = FIXTURES / "reports"
 ALL_FIXTURES = sorted(FIXTURES.glob("*.hlo"))
 
+
 def golden_of(fixture: Path) -> Path:
     return REPORTS / (fixture.name.removesuffix(".hlo") + ".json")
 
@@ -69,9 +70,7 @@ def test_golden_matches(fixture: Path, tmp_path: Path) -> None:
 
 
 def test_every_golden_has_its_fixture() -> None:
-    stale = {p.name for p in REPORTS.glob("*.json")} - {
-        golden_of(f).name for f in ALL_FIXTURES
-    }
+    stale = {p.name for p in REPORTS.glob("*.json")} - {golden_of(f).name for f in ALL_FIXTURES}
     assert not stale, f"goldens without a fixture (run python scripts/update_goldens.py): {stale}"
 
 
