@@ -10,8 +10,17 @@ if __name__ != "xla_streams.passes":
 from xla_streams.passes import (
     annotate_streams,
     assign_streams,
+    asyncify,
     find_async_pairs,
+    lower_to_ffi,
     verify_streams,
 )
 
-__all__ = ["annotate_streams", "assign_streams", "find_async_pairs", "verify_streams"]
+__all__ = [
+    "annotate_streams",
+    "assign_streams",
+    "asyncify",
+    "find_async_pairs",
+    "lower_to_ffi",
+    "verify_streams",
+]

@@ -1,0 +1,898 @@
+// CUDA backend of the xla_streams runtime: collectives on K CUDA streams per
+// device, through NCCL.
+//
+// `xla_streams_start` (typed FFI, platform CUDA) makes collective stream k wait
+// on an event recorded on XLA's compute stream, launches the NCCL operation(s)
+// there and records a completion event; `xla_streams_done` makes the compute
+// stream wait on that event. Neither ever synchronizes the host with the GPU.
+//
+// One NCCL communicator per (device group, stream), created on first use:
+// the unique id is shared in-process when every member is a local device, else
+// through JAX's distributed key-value store (callbacks set from Python).
+// Communicators are created non-blocking so that a member that never joins is
+// a timeout error, not a hang. A watchdog polls the completion events of
+// collectives in flight: one that does not complete within the timeout gets
+// its communicator aborted, and the next call on that device fails with a
+// message naming it. NCCL's own errors are returned with its message.
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <condition_variable>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <set>
+#include <thread>
+#include <tuple>
+
+#include "common.h"
+
+namespace xs::cuda {
+namespace {
+
+std::string CudaMessage(const char* what, cudaError_t e) {
+  return std::string("xla_streams: ") + what + " failed: " + cudaGetErrorName(e) + ": " +
+         cudaGetErrorString(e);
+}
+
+std::string NcclMessage(const char* what, ncclResult_t r, ncclComm_t comm) {
+  std::string message = std::string("xla_streams: ") + what + " failed: NCCL error " +
+                        std::to_string(static_cast<int>(r)) + " (" + ncclGetErrorString(r) + ")";
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && last[0] != '\0') message += ": " + std::string(last);
+  return message;
+}
+
+#define XS_CUDA(expr)                                                          \
+  do {                                                                         \
+    cudaError_t xs_status = (expr);                                            \
+    if (xs_status != cudaSuccess) {                                            \
+      return ffi::Error(ffi::ErrorCode::kInternal, CudaMessage(#expr, xs_status)); \
+    }                                                                          \
+  } while (0)
+
+// ---------------------------------------------------------------------------
+// Configuration set from Python.
+
+// Stream priority: INT32_MIN means "the device's greatest priority".
+std::atomic<int> g_priority{std::numeric_limits<int>::min()};
+
+using KvSet = int (*)(const char* key, const char* value, size_t size);
+using KvGet = int64_t (*)(const char* key, int64_t timeout_ms, char* buffer, size_t capacity);
+std::atomic<KvSet> g_kv_set{nullptr};
+std::atomic<KvGet> g_kv_get{nullptr};
+
+std::mutex g_local_mu;
+std::map<int, int64_t> g_global_id;  // device ordinal -> global device id (default: same)
+
+int64_t GlobalId(int ordinal) {
+  std::lock_guard<std::mutex> lock(g_local_mu);
+  auto it = g_global_id.find(ordinal);
+  return it == g_global_id.end() ? ordinal : it->second;
+}
+
+bool IsLocal(int64_t global_id) {
+  std::lock_guard<std::mutex> lock(g_local_mu);
+  if (g_global_id.empty()) return true;  // single process, ids are ordinals
+  for (auto& [ordinal, id] : g_global_id) {
+    if (id == global_id) return true;
+  }
+  return false;
+}
+
+// ---------------------------------------------------------------------------
+// NCCL types.
+
+bool NcclType(ffi::DataType t, ncclDataType_t* out) {
+  switch (t) {
+    case ffi::DataType::PRED:
+    case ffi::DataType::U8: *out = ncclUint8; return true;
+    case ffi::DataType::S8: *out = ncclInt8; return true;
+    case ffi::DataType::S32: *out = ncclInt32; return true;
+    case ffi::DataType::U32: *out = ncclUint32; return true;
+    case ffi::DataType::S64: *out = ncclInt64; return true;
+    case ffi::DataType::U64: *out = ncclUint64; return true;
+    case ffi::DataType::F16: *out = ncclFloat16; return true;
+    case ffi::DataType::BF16: *out = ncclBfloat16; return true;
+    case ffi::DataType::F32: *out = ncclFloat32; return true;
+    case ffi::DataType::F64: *out = ncclFloat64; return true;
+    default: return false;
+  }
+}
+
+bool NcclOp(Reduction r, ffi::DataType t, ncclRedOp_t* out) {
+  if (t == ffi::DataType::PRED) {  // 0/1 bytes: or = max, and = min
+    bool any = r == Reduction::kAdd || r == Reduction::kMax || r == Reduction::kOr;
+    *out = any ? ncclMax : ncclMin;
+    return true;
+  }
+  switch (r) {
+    case Reduction::kAdd: *out = ncclSum; return true;
+    case Reduction::kMultiply: *out = ncclProd; return true;
+    case Reduction::kMin: *out = ncclMin; return true;
+    case Reduction::kMax: *out = ncclMax; return true;
+    default: return false;  // NCCL has no bitwise and/or
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Per-device state.
+
+struct Timing {  // events for the trace (timing-enabled)
+  cudaEvent_t begin = nullptr, end = nullptr;
+};
+
+struct InFlight {
+  int64_t op_id = 0;
+  std::string description;
+  int stream = 0;
+  cudaEvent_t done = nullptr;
+  ncclComm_t comm = nullptr;
+  int64_t issued_ns = 0;
+  Timing collective, compute_start;
+  int64_t logical = -1;
+};
+
+struct CommKey {
+  std::vector<int64_t> devices;  // global device ids, in rank order
+  int stream;
+  bool operator<(const CommKey& o) const {
+    return std::tie(devices, stream) < std::tie(o.devices, o.stream);
+  }
+};
+
+class Device;
+Device* GetDevice(int ordinal);
+
+// Keeps a device's CUDA context current on this thread for a scope.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int ordinal) {
+    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != ordinal) {
+      changed_ = cudaSetDevice(ordinal) == cudaSuccess;
+    }
+  }
+  ~ScopedDevice() {
+    if (changed_) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;
+  bool changed_ = false;
+};
+
+class Device {
+ public:
+  explicit Device(int ordinal) : ordinal_(ordinal) {}
+  int ordinal() const { return ordinal_; }
+
+  ffi::Error Stream(int k, cudaStream_t* out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = streams_.find(k);
+    if (it != streams_.end()) {
+      *out = it->second;
+      return ffi::Error::Success();
+    }
+    int least = 0, greatest = 0;
+    XS_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    int priority = g_priority.load();
+    if (priority == std::numeric_limits<int>::min()) priority = greatest;
+    priority = std::clamp(priority, std::min(least, greatest), std::max(least, greatest));
+    cudaStream_t stream;
+    XS_CUDA(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, priority));
+    streams_[k] = stream;
+    *out = stream;
+    return ffi::Error::Success();
+  }
+
+  ffi::Error Event(cudaEvent_t* out, bool timing = false) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto& pool = timing ? timing_pool_ : pool_;
+      if (!pool.empty()) {
+        *out = pool.back();
+        pool.pop_back();
+        return ffi::Error::Success();
+      }
+    }
+    XS_CUDA(cudaEventCreateWithFlags(out, timing ? cudaEventDefault : cudaEventDisableTiming));
+    return ffi::Error::Success();
+  }
+
+  void Release(cudaEvent_t event, bool timing = false) {
+    if (event == nullptr) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    (timing ? timing_pool_ : pool_).push_back(event);
+  }
+
+  void AddPending(int64_t run, int64_t op, InFlight flight) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_[{run, op}].push_back(std::move(flight));
+  }
+
+  bool TakePending(int64_t run, int64_t op, InFlight* out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find({run, op});
+    if (it == pending_.end() || it->second.empty()) return false;
+    *out = std::move(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) pending_.erase(it);
+    return true;
+  }
+
+  std::string error() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
+  void SetError(const std::string& e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_.empty()) error_ = e;
+  }
+
+  std::map<CommKey, ncclComm_t>& comms() { return comms_; }
+  std::mutex& comm_mu() { return comm_mu_; }
+
+  // The base event the trace's millisecond timings are relative to, recorded
+  // on the compute stream by the first traced start.
+  cudaEvent_t base(cudaStream_t record_on = nullptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (base_ == nullptr && record_on != nullptr && cudaEventCreate(&base_) == cudaSuccess) {
+      cudaEventRecord(base_, record_on);
+    }
+    return base_;
+  }
+
+ private:
+  int ordinal_;
+  std::mutex mu_;
+  std::map<int, cudaStream_t> streams_;
+  std::vector<cudaEvent_t> pool_, timing_pool_;
+  std::map<std::pair<int64_t, int64_t>, std::deque<InFlight>> pending_;
+  std::string error_;
+  std::mutex comm_mu_;
+  std::map<CommKey, ncclComm_t> comms_;
+  cudaEvent_t base_ = nullptr;
+};
+
+Device* GetDevice(int ordinal) {
+  static std::mutex* mu = new std::mutex();
+  static auto* devices = new std::map<int, std::unique_ptr<Device>>();
+  std::lock_guard<std::mutex> lock(*mu);
+  auto& d = (*devices)[ordinal];
+  if (!d) d = std::make_unique<Device>(ordinal);
+  return d.get();
+}
+
+// Communicators aborted after a timeout or an error: never touched again.
+std::mutex g_aborted_mu;
+std::set<ncclComm_t> g_aborted;
+
+bool Aborted(ncclComm_t comm) {
+  std::lock_guard<std::mutex> lock(g_aborted_mu);
+  return g_aborted.count(comm) > 0;
+}
+
+void Abort(ncclComm_t comm) {
+  {
+    std::lock_guard<std::mutex> lock(g_aborted_mu);
+    if (!g_aborted.insert(comm).second) return;
+  }
+  ncclCommAbort(comm);
+}
+
+// ---------------------------------------------------------------------------
+// Watchdog over collectives in flight, and the trace records to collect.
+
+struct Watched {
+  Device* device;
+  InFlight flight;
+};
+
+struct PendingTrace {
+  Device* device;
+  TraceEvent event;
+  cudaEvent_t begin, end;
+};
+
+class Watchdog {
+ public:
+  static Watchdog& Get() {
+    static Watchdog* w = new Watchdog();
+    return *w;
+  }
+  void Watch(Device* device, InFlight flight) {
+    std::lock_guard<std::mutex> lock(mu_);
+    watched_.push_back(Watched{device, std::move(flight)});
+    if (!started_) {
+      started_ = true;
+      std::thread([this] { Loop(); }).detach();
+    }
+  }
+  void AddTrace(PendingTrace t) {
+    std::lock_guard<std::mutex> lock(mu_);
+    traces_.push_back(std::move(t));
+  }
+  // Converts finished trace records to events (waits for their CUDA events).
+  void CollectTrace() {
+    std::vector<PendingTrace> traces;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      traces.swap(traces_);
+    }
+    for (PendingTrace& t : traces) {
+      ScopedDevice scoped(t.device->ordinal());
+      cudaEvent_t base = t.device->base();
+      float begin = -1, end = -1;
+      if (base != nullptr && cudaEventSynchronize(t.end) == cudaSuccess) {
+        cudaEventElapsedTime(&begin, base, t.begin);
+        cudaEventElapsedTime(&end, base, t.end);
+      }
+      t.event.begin_ms = begin;
+      t.event.end_ms = end;
+      Trace::Get().Add(t.event);
+      t.device->Release(t.begin, true);
+      if (t.end != t.begin) t.device->Release(t.end, true);
+    }
+  }
+
+ private:
+  void Loop() {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      try {
+        Sweep();
+      } catch (...) {  // out of memory while building a message: try again next period
+      }
+    }
+  }
+
+  void Sweep() {
+    {
+      std::vector<Watched> watched;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        watched.swap(watched_);
+      }
+      std::vector<Watched> still;
+      int64_t timeout_ns = GlobalConfig().timeout_ms.load() * 1000000;
+      for (Watched& w : watched) {
+        ScopedDevice scoped(w.device->ordinal());
+        cudaError_t q = cudaEventQuery(w.flight.done);
+        ncclResult_t async = ncclSuccess;
+        if (w.flight.comm != nullptr && !Aborted(w.flight.comm)) {
+          ncclCommGetAsyncError(w.flight.comm, &async);
+        }
+        if (q == cudaSuccess) {
+          w.device->Release(w.flight.done);
+          continue;
+        }
+        if (async != ncclSuccess && async != ncclInProgress) {
+          w.device->SetError(NcclMessage(w.flight.description.c_str(), async, w.flight.comm));
+          continue;
+        }
+        if (q != cudaErrorNotReady) {
+          w.device->SetError(CudaMessage(w.flight.description.c_str(), q));
+          continue;
+        }
+        if (NowNs() - w.flight.issued_ns > timeout_ns) {
+          std::ostringstream os;
+          os << "xla_streams: " << w.flight.description << " on device "
+             << w.device->ordinal() << " did not complete within " << timeout_ns / 1e9
+             << " s; its NCCL communicator was aborted (a peer never joined or hung). "
+                "Set XLA_STREAMS_TIMEOUT_S to change the timeout.";
+          w.device->SetError(os.str());
+          if (w.flight.comm != nullptr) Abort(w.flight.comm);
+          continue;
+        }
+        still.push_back(std::move(w));
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      for (Watched& w : still) watched_.push_back(std::move(w));
+    }
+  }
+  std::mutex mu_;
+  std::vector<Watched> watched_;
+  std::vector<PendingTrace> traces_;
+  bool started_ = false;
+};
+
+// ---------------------------------------------------------------------------
+// Communicators.
+
+ffi::Error Invalid(const OpAttrs& op, const std::string& what) {
+  return ffi::Error::InvalidArgument("xla_streams: " + op.Describe() + ": " + what);
+}
+
+
+std::mutex g_ids_mu;
+std::map<CommKey, ncclUniqueId> g_ids;
+
+std::string KeyName(const CommKey& key) {
+  std::ostringstream os;
+  os << "xla_streams/nccl/s" << key.stream << "/";
+  for (size_t i = 0; i < key.devices.size(); ++i) os << (i ? "," : "") << key.devices[i];
+  return os.str();
+}
+
+ffi::Error UniqueId(const CommKey& key, bool owner, bool all_local, ncclUniqueId* id) {
+  {
+    std::lock_guard<std::mutex> lock(g_ids_mu);
+    auto it = g_ids.find(key);
+    if (it != g_ids.end()) {
+      *id = it->second;
+      return ffi::Error::Success();
+    }
+    if (all_local || owner) {
+      ncclResult_t r = ncclGetUniqueId(id);
+      if (r != ncclSuccess) {
+        return ffi::Error(ffi::ErrorCode::kInternal, NcclMessage("ncclGetUniqueId", r, nullptr));
+      }
+      g_ids[key] = *id;
+      if (all_local) return ffi::Error::Success();
+      KvSet set = g_kv_set.load();
+      if (set == nullptr || set(KeyName(key).c_str(), reinterpret_cast<const char*>(id),
+                                sizeof(*id)) != 0) {
+        return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                          "xla_streams: cannot publish the NCCL id of " + KeyName(key) +
+                              ": the group spans processes and JAX's distributed key-value "
+                              "store is not available (call jax.distributed.initialize())");
+      }
+      return ffi::Error::Success();
+    }
+  }
+  KvGet get = g_kv_get.load();
+  if (get == nullptr) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "xla_streams: the group " + KeyName(key) +
+                          " spans processes and JAX's distributed key-value store is not "
+                          "available (call jax.distributed.initialize())");
+  }
+  int64_t n = get(KeyName(key).c_str(), GlobalConfig().timeout_ms.load(),
+                  reinterpret_cast<char*>(id), sizeof(*id));
+  if (n != static_cast<int64_t>(sizeof(*id))) {
+    return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
+                      "xla_streams: the NCCL id of " + KeyName(key) +
+                          " did not arrive through the key-value store within the timeout");
+  }
+  std::lock_guard<std::mutex> lock(g_ids_mu);
+  g_ids.emplace(key, *id);
+  return ffi::Error::Success();
+}
+
+ffi::Error Communicator(Device* device, const OpAttrs& op, const std::vector<int64_t>& members,
+                        int rank, ncclComm_t* out) {
+  // Keyed by devices, not logical ids: another executable may put the same
+  // logical group on other devices.
+  CommKey key{{}, static_cast<int>(op.stream)};
+  bool all_local = true;
+  for (int64_t logical : members) {
+    if (!op.device_ids.empty() &&
+        (logical < 0 || logical >= static_cast<int64_t>(op.device_ids.size()))) {
+      return Invalid(op, "logical device " + std::to_string(logical) +
+                             " is outside the device assignment");
+    }
+    int64_t global = op.device_ids.empty() ? logical : op.device_ids[logical];
+    key.devices.push_back(global);
+    all_local = all_local && IsLocal(global);
+  }
+  std::lock_guard<std::mutex> lock(device->comm_mu());
+  auto it = device->comms().find(key);
+  if (it != device->comms().end()) {
+    if (Aborted(it->second)) {
+      return ffi::Error(ffi::ErrorCode::kAborted,
+                        "xla_streams: the NCCL communicator of " + KeyName(key) +
+                            " was aborted after an earlier failure");
+    }
+    *out = it->second;
+    return ffi::Error::Success();
+  }
+  ncclUniqueId id;
+  if (auto e = UniqueId(key, rank == 0, all_local, &id); !e.success()) return e;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, static_cast<int>(members.size()), id, rank, &config);
+  int64_t deadline = NowNs() + GlobalConfig().timeout_ms.load() * 1000000;
+  while (r == ncclInProgress || (r == ncclSuccess && comm != nullptr)) {
+    ncclResult_t state = ncclInProgress;
+    ncclCommGetAsyncError(comm, &state);
+    if (state == ncclSuccess) break;
+    if (state != ncclInProgress) {
+      r = state;
+      break;
+    }
+    if (NowNs() > deadline) {
+      Abort(comm);
+      return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
+                        "xla_streams: creating the NCCL communicator for " + op.Describe() +
+                            " (group " + JoinIds(members) + ", rank " + std::to_string(rank) +
+                            ") timed out: not every member joined. Set XLA_STREAMS_TIMEOUT_S "
+                            "to change the timeout.");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  if (r != ncclSuccess && r != ncclInProgress) {
+    std::string message = NcclMessage("ncclCommInitRankConfig", r, comm);
+    if (comm != nullptr) Abort(comm);
+    return ffi::Error(ffi::ErrorCode::kInternal, message + " for " + op.Describe());
+  }
+  device->comms()[key] = comm;
+  *out = comm;
+  return ffi::Error::Success();
+}
+
+// Waits (host side, bounded) for a non-blocking communicator to accept the
+// operations just enqueued; NCCL may still be connecting peers on first use.
+ffi::Error Settle(ncclComm_t comm, ncclResult_t r, const OpAttrs& op) {
+  int64_t deadline = NowNs() + GlobalConfig().timeout_ms.load() * 1000000;
+  while (r == ncclInProgress) {
+    if (NowNs() > deadline) {
+      Abort(comm);
+      return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
+                        "xla_streams: enqueueing " + op.Describe() +
+                            " timed out (peers never connected); communicator aborted");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    ncclCommGetAsyncError(comm, &r);
+  }
+  if (r != ncclSuccess) {
+    return ffi::Error(ffi::ErrorCode::kInternal, NcclMessage(op.Describe().c_str(), r, comm));
+  }
+  return ffi::Error::Success();
+}
+
+// ---------------------------------------------------------------------------
+// Handlers.
+
+// Checks the buffers against the collective before anything is enqueued.
+ffi::Error CheckBuffers(const OpAttrs& op, int n, const std::vector<ffi::AnyBuffer>& ins,
+                        const std::vector<ffi::AnyBuffer>& outs) {
+  ffi::DataType dtype = ins[0].element_type();
+  ncclDataType_t type;
+  if (!NcclType(dtype, &type)) return Invalid(op, std::string("NCCL cannot move ") + DTypeName(dtype));
+  ncclRedOp_t red;
+  if ((op.kind == Kind::kAllReduce || op.kind == Kind::kReduceScatter) &&
+      !NcclOp(op.reduction, dtype, &red)) {
+    return Invalid(op, std::string("NCCL has no such reduction for ") + DTypeName(dtype));
+  }
+  if (op.kind == Kind::kAllToAll && op.dimension < 0 && static_cast<int>(ins.size()) != n) {
+    return Invalid(op, "a tuple all-to-all needs one operand per member");
+  }
+  for (size_t i = 0; i < ins.size(); ++i) {
+    if (ins[i].element_type() != dtype || outs[i].element_type() != dtype) {
+      return Invalid(op, "operands and results must share one element type");
+    }
+    if (op.dimension >= 0 && i < op.outer.size() && op.outer[i] != 1) {
+      return Invalid(op, "the dimension is not the most major one; NCCL needs contiguous blocks");
+    }
+    size_t in = ins[i].element_count(), out = outs[i].element_count();
+    bool ok = true;
+    switch (op.kind) {
+      case Kind::kAllReduce:
+      case Kind::kCollectivePermute:
+        ok = in == out;
+        break;
+      case Kind::kAllGather:
+        ok = out == in * n;
+        break;
+      case Kind::kReduceScatter:
+        ok = in == out * n;
+        break;
+      case Kind::kAllToAll:
+        ok = in == out && (op.dimension < 0 || in % n == 0);
+        break;
+    }
+    if (!ok) {
+      return Invalid(op, "buffer shapes " + ShapeString(dtype, ins[i].dimensions()) + " -> " +
+                             ShapeString(dtype, outs[i].dimensions()) + " do not fit a group of " +
+                             std::to_string(n));
+    }
+  }
+  return ffi::Error::Success();
+}
+
+// Enqueues the collective on `stream` (buffers already checked).
+ffi::Error Launch(const OpAttrs& op, ncclComm_t comm, cudaStream_t stream, int n, int64_t logical,
+                  const std::vector<int64_t>& members, const std::vector<ffi::AnyBuffer>& ins,
+                  const std::vector<ffi::AnyBuffer>& outs) {
+  ffi::DataType dtype = ins[0].element_type();
+  ncclDataType_t type = ncclUint8;
+  NcclType(dtype, &type);
+  size_t width = ffi::ByteWidth(dtype);
+  if (comm == nullptr) {  // a permute member that neither sends nor receives
+    for (const ffi::AnyBuffer& out : outs) {
+      XS_CUDA(cudaMemsetAsync(out.untyped_data(), 0, out.size_bytes(), stream));
+    }
+    return ffi::Error::Success();
+  }
+  ncclRedOp_t red = ncclSum;
+  NcclOp(op.reduction, dtype, &red);
+  auto rank_of = [&](int64_t id) {
+    return static_cast<int>(std::find(members.begin(), members.end(), id) - members.begin());
+  };
+  ncclResult_t r = ncclGroupStart();
+  if (r != ncclSuccess) return Settle(comm, r, op);
+  cudaError_t copy = cudaSuccess;
+  for (size_t i = 0; i < ins.size() && r == ncclSuccess; ++i) {
+    const void* in = ins[i].untyped_data();
+    void* out = outs[i].untyped_data();
+    size_t in_count = ins[i].element_count(), out_count = outs[i].element_count();
+    switch (op.kind) {
+      case Kind::kAllReduce:
+        r = ncclAllReduce(in, out, in_count, type, red, comm, stream);
+        break;
+      case Kind::kAllGather:
+        r = ncclAllGather(in, out, in_count, type, comm, stream);
+        break;
+      case Kind::kReduceScatter:
+        r = ncclReduceScatter(in, out, out_count, type, red, comm, stream);
+        break;
+      case Kind::kAllToAll:
+        if (op.dimension < 0) {  // tuple form: operand p goes to member p, result p from it
+          int peer = static_cast<int>(i);
+          r = ncclSend(in, in_count, type, peer, comm, stream);
+          if (r == ncclSuccess) r = ncclRecv(out, out_count, type, peer, comm, stream);
+        } else {
+          size_t chunk = in_count / n;
+          for (int p = 0; p < n && r == ncclSuccess; ++p) {
+            r = ncclSend(static_cast<const char*>(in) + p * chunk * width, chunk, type, p, comm,
+                         stream);
+            if (r == ncclSuccess) {
+              r = ncclRecv(static_cast<char*>(out) + p * chunk * width, chunk, type, p, comm,
+                           stream);
+            }
+          }
+        }
+        break;
+      case Kind::kCollectivePermute: {
+        bool received = false;
+        for (const auto& pair : op.groups) {
+          if (pair.size() != 2 || r != ncclSuccess) continue;
+          if (pair[0] == logical && pair[1] == logical) {
+            copy = cudaMemcpyAsync(out, in, in_count * width, cudaMemcpyDeviceToDevice, stream);
+            received = true;
+            continue;
+          }
+          if (pair[0] == logical) r = ncclSend(in, in_count, type, rank_of(pair[1]), comm, stream);
+          if (pair[1] == logical && r == ncclSuccess) {
+            r = ncclRecv(out, out_count, type, rank_of(pair[0]), comm, stream);
+            received = true;
+          }
+        }
+        if (!received && copy == cudaSuccess) {
+          copy = cudaMemsetAsync(out, 0, out_count * width, stream);
+        }
+        break;
+      }
+    }
+  }
+  ncclResult_t end = ncclGroupEnd();  // always close the group, even after an error
+  if (r != ncclSuccess && r != ncclInProgress) {
+    return ffi::Error(ffi::ErrorCode::kInternal, NcclMessage(op.Describe().c_str(), r, comm));
+  }
+  if (copy != cudaSuccess) {
+    return ffi::Error(ffi::ErrorCode::kInternal, CudaMessage(op.Describe().c_str(), copy));
+  }
+  return Settle(comm, end, op);
+}
+
+ffi::Error CudaStartImpl(cudaStream_t compute, ffi::RunId run, int32_t ordinal,
+                         ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attrs) {
+  int64_t issued = NowNs();
+  OpAttrs op;
+  if (auto e = DecodeAttrs(attrs, /*full=*/true, &op); !e.success()) return e;
+  Device* device = GetDevice(ordinal);
+  if (std::string error = device->error(); !error.empty()) {
+    return ffi::Error(ffi::ErrorCode::kAborted, error);
+  }
+  std::vector<ffi::AnyBuffer> ins, outs;
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto b = args.get<ffi::AnyBuffer>(i);
+    if (!b.has_value()) return b.error();
+    ins.push_back(*b);
+  }
+  for (size_t i = 0; i < rets.size(); ++i) {
+    auto b = rets.get<ffi::AnyBuffer>(i);
+    if (!b.has_value()) return b.error();
+    outs.push_back(**b);
+  }
+  if (ins.empty() || ins.size() != outs.size()) {
+    return Invalid(op, std::to_string(ins.size()) + " operands but " + std::to_string(outs.size()) +
+                           " results");
+  }
+  // This device's logical id, group and rank.
+  int64_t global = GlobalId(ordinal);
+  int64_t logical = global;
+  if (!op.device_ids.empty()) {
+    auto it = std::find(op.device_ids.begin(), op.device_ids.end(), global);
+    if (it == op.device_ids.end()) {
+      return Invalid(op, "device " + std::to_string(global) + " is not in the device assignment");
+    }
+    logical = it - op.device_ids.begin();
+  }
+  std::vector<int64_t> members;
+  if (op.kind == Kind::kCollectivePermute) {
+    std::set<int64_t> ids;
+    for (const auto& pair : op.groups) ids.insert(pair.begin(), pair.end());
+    members.assign(ids.begin(), ids.end());
+  } else {
+    for (const auto& g : op.groups) {
+      if (std::find(g.begin(), g.end(), logical) != g.end()) members = g;
+    }
+  }
+  auto found = std::find(members.begin(), members.end(), logical);
+  // A permute member that neither sends nor receives just zeroes its result.
+  bool idle = found == members.end() && op.kind == Kind::kCollectivePermute;
+  if (found == members.end() && !idle) {
+    return Invalid(op, "logical device " + std::to_string(logical) + " is in no group");
+  }
+  int rank = static_cast<int>(found - members.begin());
+  int n = static_cast<int>(members.size());
+
+  if (!idle) {
+    if (auto e = CheckBuffers(op, n, ins, outs); !e.success()) return e;
+  }
+  ScopedDevice scoped(ordinal);
+  ncclComm_t comm = nullptr;
+  if (!idle) {
+    if (auto e = Communicator(device, op, members, rank, &comm); !e.success()) return e;
+  }
+  cudaStream_t stream;
+  if (auto e = device->Stream(static_cast<int>(op.stream), &stream); !e.success()) return e;
+
+  bool trace = Trace::Get().enabled();
+  InFlight flight;
+  flight.op_id = op.op_id;
+  flight.description = op.Describe();
+  flight.stream = static_cast<int>(op.stream);
+  flight.comm = comm;
+  flight.issued_ns = issued;
+  flight.logical = logical;
+  cudaEvent_t ready;
+  if (auto e = device->Event(&ready); !e.success()) return e;
+  XS_CUDA(cudaEventRecord(ready, compute));
+  XS_CUDA(cudaStreamWaitEvent(stream, ready, 0));
+  device->Release(ready);  // the wait captured the record; the event may be reused
+  if (trace) {
+    device->base(compute);
+    if (auto e = device->Event(&flight.collective.begin, true); !e.success()) return e;
+    if (auto e = device->Event(&flight.compute_start.begin, true); !e.success()) return e;
+    XS_CUDA(cudaEventRecord(flight.compute_start.begin, compute));
+    XS_CUDA(cudaEventRecord(flight.collective.begin, stream));
+  }
+  if (auto e = Launch(op, comm, stream, n, logical, members, ins, outs); !e.success()) return e;
+  if (trace) {
+    if (auto e = device->Event(&flight.collective.end, true); !e.success()) return e;
+    XS_CUDA(cudaEventRecord(flight.collective.end, stream));
+  }
+  if (auto e = device->Event(&flight.done); !e.success()) return e;
+  XS_CUDA(cudaEventRecord(flight.done, stream));
+  device->AddPending(run.run_id, op.op_id, std::move(flight));
+  return ffi::Error::Success();
+}
+
+ffi::Error CudaDoneImpl(cudaStream_t compute, ffi::RunId run, int32_t ordinal,
+                        ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attrs) {
+  OpAttrs op;
+  if (auto e = DecodeAttrs(attrs, /*full=*/false, &op); !e.success()) return e;
+  Device* device = GetDevice(ordinal);
+  if (std::string error = device->error(); !error.empty()) {
+    return ffi::Error(ffi::ErrorCode::kAborted, error);
+  }
+  InFlight flight;
+  if (!device->TakePending(run.run_id, op.op_id, &flight)) {
+    return Invalid(op, "done without a start on device " + std::to_string(ordinal));
+  }
+  ScopedDevice scoped(ordinal);
+  XS_CUDA(cudaStreamWaitEvent(compute, flight.done, 0));
+  // The results alias the start's; copy (stream-ordered) only if XLA did not honour that.
+  for (size_t i = 0; i < rets.size() && i < args.size(); ++i) {
+    auto src = args.get<ffi::AnyBuffer>(i);
+    auto dst = rets.get<ffi::AnyBuffer>(i);
+    if (src.has_value() && dst.has_value() && src->untyped_data() != (*dst)->untyped_data()) {
+      XS_CUDA(cudaMemcpyAsync((*dst)->untyped_data(), src->untyped_data(), (*dst)->size_bytes(),
+                              cudaMemcpyDeviceToDevice, compute));
+    }
+  }
+  if (flight.collective.begin != nullptr) {
+    TraceEvent e;
+    e.what = "collective";
+    e.device = ordinal;
+    e.logical = flight.logical;
+    e.stream = flight.stream;
+    e.op_id = op.op_id;
+    e.name = op.name;
+    e.kind = KindName(op.kind);
+    e.begin_ns = flight.issued_ns;
+    e.end_ns = NowNs();
+    Watchdog::Get().AddTrace({device, e, flight.collective.begin, flight.collective.end});
+    cudaEvent_t done_mark;
+    if (auto err = device->Event(&done_mark, true); !err.success()) return err;
+    XS_CUDA(cudaEventRecord(done_mark, compute));
+    TraceEvent c = e;
+    c.what = "compute";  // the compute stream from the start's call to the done's
+    c.stream = -1;
+    Watchdog::Get().AddTrace({device, c, flight.compute_start.begin, done_mark});
+  }
+  flight.collective = Timing{};
+  flight.compute_start = Timing{};
+  Watchdog::Get().Watch(device, std::move(flight));
+  return ffi::Error::Success();
+}
+
+ffi::Error CudaStart(cudaStream_t compute, ffi::RunId run, int32_t ordinal, ffi::RemainingArgs args,
+                     ffi::RemainingRets rets, ffi::Dictionary attrs) {
+  return Guarded("start", [&] { return CudaStartImpl(compute, run, ordinal, args, rets, attrs); });
+}
+
+ffi::Error CudaDone(cudaStream_t compute, ffi::RunId run, int32_t ordinal, ffi::RemainingArgs args,
+                    ffi::RemainingRets rets, ffi::Dictionary attrs) {
+  return Guarded("done", [&] { return CudaDoneImpl(compute, run, ordinal, args, rets, attrs); });
+}
+
+}  // namespace
+}  // namespace xs::cuda
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(xla_streams_cuda_start, xs::cuda::CudaStart,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<xla::ffi::RunId>()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attrs());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(xla_streams_cuda_done, xs::cuda::CudaDone,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<xla::ffi::RunId>()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attrs());
+
+extern "C" {
+int xs_abi_version() { return 1; }
+void xs_set_timeout_ms(int64_t ms) { xs::GlobalConfig().timeout_ms = ms > 0 ? ms : 1; }
+int64_t xs_get_timeout_ms() { return xs::GlobalConfig().timeout_ms.load(); }
+void xs_trace_enable(int on) { xs::GlobalConfig().trace = on != 0; }
+void xs_trace_clear() { xs::Trace::Get().Clear(); }
+size_t xs_trace_json(char* buffer, size_t capacity) {
+  return xs::CopyOut(xs::Trace::Get().Json(), buffer, capacity);
+}
+int64_t xs_now_ns() { return xs::NowNs(); }
+// Waits for the CUDA events of finished collectives and adds them to the trace.
+void xs_cuda_trace_collect() { xs::cuda::Watchdog::Get().CollectTrace(); }
+// Collective stream priority: "high" (the device's greatest; default), "low"/"default" (0), or
+// an integer. Applies to streams created afterwards. Returns 0, or -1 for a bad spec.
+int xs_cuda_set_stream_priority(const char* spec) {
+  std::string s = spec ? spec : "";
+  if (s == "high") {
+    xs::cuda::g_priority = std::numeric_limits<int>::min();
+  } else if (s == "low" || s == "default") {
+    xs::cuda::g_priority = 0;
+  } else {
+    char* end = nullptr;
+    long value = std::strtol(s.c_str(), &end, 10);
+    if (s.empty() || *end != '\0') return -1;
+    xs::cuda::g_priority = static_cast<int>(value);
+  }
+  return 0;
+}
+// Global device id of each local device ordinal (multi-process jobs).
+void xs_cuda_set_global_id(int ordinal, int64_t global_id) {
+  std::lock_guard<std::mutex> lock(xs::cuda::g_local_mu);
+  xs::cuda::g_global_id[ordinal] = global_id;
+}
+// JAX's distributed key-value store, for NCCL ids of groups that span processes.
+void xs_cuda_set_kv(xs::cuda::KvSet set, xs::cuda::KvGet get) {
+  xs::cuda::g_kv_set = set;
+  xs::cuda::g_kv_get = get;
+}
+// NCCL's version, e.g. 23203 (0 if unavailable).
+int xs_cuda_nccl_version() {
+  int version = 0;
+  return ncclGetVersion(&version) == ncclSuccess ? version : 0;
+}
+}
