@@ -39,6 +39,7 @@ from jax.sharding import PartitionSpec as P
 
 from xla_streams import runtime
 from xla_streams.runtime import hook
+from xla_streams.xla_module import module_text, to_proto
 
 FFI = {"on": False, "lowered": 0}
 SPEC = hook.pipeline_spec("host", streams=4)
@@ -47,11 +48,11 @@ SPEC = hook.pipeline_spec("host", streams=4)
 def callback(serialized: bytes) -> bytes | None:
     if not FFI["on"]:
         return None
-    text = hook.transform_text(hook.module_text(serialized), SPEC, hook.module_config(serialized))
+    text = hook.transform_text(module_text(serialized)[1], SPEC)
     if text is None:
         return None
     FFI["lowered"] += text.count('custom_call_target="xla_streams_start"')
-    return hook.to_proto(text)
+    return to_proto(text)
 
 
 def program(loop: int) -> Any:

@@ -100,6 +100,8 @@ def bench_cpu(program_name: str, runs: int, reports: bool) -> dict[str, Any]:
 def bench_gpu_estimate(program_name: str, runs: int) -> dict[str, Any] | None:
     import importlib.util
 
+    from xla_streams import xla_module
+
     if importlib.util.find_spec("jax_cuda12_plugin") is None:
         return None
     from xla_streams import aot, plugin
@@ -120,7 +122,7 @@ def bench_gpu_estimate(program_name: str, runs: int) -> dict[str, Any] | None:
     assert executable is not None
     (module,) = executable.runtime_executable().hlo_modules()
     proto = module.as_serialized_hlo_module_proto()
-    text = module.to_string(plugin.print_options())
+    text = module.to_string(xla_module.print_options())
     counts = (1, program.num_devices)
     # Give the hook the device assignment XLA's own compile would serialize.
     proto += _field(15, _field(1, counts[0]) + _field(2, counts[1]))

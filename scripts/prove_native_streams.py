@@ -235,7 +235,7 @@ def with_attributes(lowered: Any, attributes_of: Callable[[int], dict[str, str] 
 
 
 def compile_build(label: str, lowering: Any, options: Mapping[str, Any], root: str) -> Build:
-    from xla_streams import plugin
+    from xla_streams import xla_module
 
     dump_dir = os.path.join(root, label)
     opts = dict(options)
@@ -249,7 +249,7 @@ def compile_build(label: str, lowering: Any, options: Mapping[str, Any], root: s
     executable = lowering.compile(opts)
     seconds = time.perf_counter() - begin
     (module,) = executable.xla_executable.hlo_modules()
-    hook_text = module.to_string(plugin.print_options())
+    hook_text = module.to_string(xla_module.print_options())
     dump_text, sequence, metadata = read_dump(dump_dir)
     return Build(label, dump_dir, hook_text, dump_text, thunk_streams(sequence, metadata), seconds)
 

@@ -36,23 +36,24 @@ from jax.sharding import PartitionSpec as P
 
 from xla_streams import runtime
 from xla_streams.runtime import hook
+from xla_streams.xla_module import module_text, to_proto
 
 STATE: dict[str, Any] = {"ffi": False, "rewrite": None, "lowered": 0, "modules": []}
 STREAMS = 4
 
 
 def callback(serialized: bytes) -> bytes | None:
-    text = hook.module_text(serialized)
+    _, text = module_text(serialized)
     rewritten = STATE["rewrite"](text) if STATE["rewrite"] else text
     out = rewritten
     if STATE["ffi"]:
         spec = hook.pipeline_spec("host", streams=STREAMS)
-        lowered = hook.transform_text(rewritten, spec, hook.module_config(serialized))
+        lowered = hook.transform_text(rewritten, spec)
         if lowered is not None:
             out = lowered
             STATE["lowered"] += lowered.count('custom_call_target="xla_streams_start"')
             STATE["modules"].append(lowered)
-    return None if out == text else hook.to_proto(out)
+    return None if out == text else to_proto(out)
 
 
 def swap_reducers(mapping: dict[str, str]) -> Any:
@@ -518,7 +519,7 @@ def capture() -> dict[str, Any]:
     captured: list[tuple[str, Any]] = []
 
     def grab(serialized: bytes) -> bytes | None:
-        text = hook.with_config(hook.module_text(serialized), hook.module_config(serialized))
+        _, text = module_text(serialized)
         captured.append(text)
         return None
 

@@ -349,25 +349,6 @@ def field(number: int, payload: bytes | int) -> bytes:
     return varint(number << 3 | 2) + varint(len(payload)) + payload
 
 
-def test_module_config_reads_the_device_assignment() -> None:
-    # DeviceAssignmentProto{replica_count=2, computation_count=2, computation_devices=[...]}:
-    # partition p of replica r runs on computation_devices[p].replica_device_ids[r].
-    devices = [[5, 7], [6, 4]]
-    assignment = field(1, 2) + field(2, 2)
-    for ids in devices:
-        assignment += field(3, field(1, b"".join(varint(i) for i in ids)))  # packed
-    proto = field(1, b"jit_f") + field(15, assignment) + field(2, b"main")
-    config = hook.module_config(proto)
-    assert config == hook.ModuleConfig(2, 2, (5, 6, 7, 4))
-    assert hook.module_config(field(1, b"jit_f")) is None
-    header = "HloModule jit_f, is_scheduled=true, entry_computation_layout={()->()}"
-    assert hook.with_config(header + "\n", config).split("\n")[0] == (
-        "HloModule jit_f, replica_count=2, num_partitions=2, is_scheduled=true, "
-        "entry_computation_layout={()->()}"
-    )
-    assert hook.with_config(header, hook.ModuleConfig(1, 1, (0,))) == header
-
-
 def test_pipeline_specs_parse() -> None:
     for spec in (HOST, CUDA, hook.pipeline_spec("cuda", 2, "round-robin", "0:1")):
         PassManager.from_spec(spec)

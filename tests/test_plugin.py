@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -54,7 +55,7 @@ def test_env_settings() -> None:
     config = Config.from_env(
         env(collective_streams=" 3 ", policy="round-robin", strict="yes", mode="NATIVE")
     )
-    assert config == Config(3, "round-robin", "native", None, None, True)
+    assert config == Config(3, "round-robin", "native", strict=True)
     spec = config.pipeline_spec()
     assert spec == (
         "find-async-pairs,assign-streams{streams=3,policy=round-robin},"
@@ -71,10 +72,8 @@ def test_env_settings() -> None:
         (dict(collective_streams="65"), "from 1 to 64"),
         (dict(collective_streams="4", policy="fifo"),
          "XLA_STREAMS_POLICY='fifo' is not valid; accepted values: interval, round-robin"),
-        (dict(collective_streams="4", mode="ffi"),
-         "XLA_STREAMS_MODE='ffi': ffi mode (collectives lowered to custom calls) is not "
-         "available yet; accepted values: native"),
-        (dict(collective_streams="4", mode="fast"), "accepted values: native"),
+        (dict(collective_streams="4", mode="fast"),
+         "XLA_STREAMS_MODE='fast' is not valid; accepted values: native, ffi"),
         (dict(collective_streams="4", strict="maybe"),
          "XLA_STREAMS_STRICT='maybe' is not valid; accepted values: 1, 0, true, false"),
         (dict(pipeline="find-async-pairs,nope"), "unknown pass 'nope'"),
@@ -161,22 +160,6 @@ def _field(number: int, payload: bytes | int) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
-def test_device_counts_from_the_proto() -> None:
-    assignment = _field(1, 2) + _field(2, 300) + _field(3, b"\x0a\x02\x00\x01")
-    proto = _field(1, b"jit_f") + _field(4, b"\x00" * 200) + _field(15, assignment)
-    assert plugin.device_counts(proto) == (2, 300)
-    assert plugin.device_counts(_field(1, b"jit_f")) is None
-    header = "HloModule jit_f, is_scheduled=true, entry_computation_layout={()->f32[]}"
-    text = header + "\n\nENTRY ..."
-    assert plugin.with_device_counts(text, (1, 8)) == header + ", num_partitions=8\n\nENTRY ..."
-    assert plugin.with_device_counts(text, (2, 4)).startswith(
-        header + ", replica_count=2, num_partitions=4\n"
-    )
-    already = header + ", num_partitions=8\nrest"
-    assert plugin.with_device_counts(already, (1, 8)) == already
-    assert plugin.with_device_counts(text, None) == text
-
-
 def test_process_text_annotates_and_reports(tmp_path: Path) -> None:
     from xla_streams.report import build_report, format_report, to_json
 
@@ -195,6 +178,28 @@ def test_process_text_annotates_and_reports(tmp_path: Path) -> None:
     # The same text gives the same bytes (what every process of a job computes).
     again = plugin.process_text(text, Config(4), name="x")
     assert again.text == processed.text and again.reports == ()
+
+
+def test_report_html_adds_a_trace_and_a_timeline(tmp_path: Path) -> None:
+    config = Config.from_env(
+        {
+            "XLA_STREAMS_COLLECTIVE_STREAMS": "4",
+            "XLA_STREAMS_REPORT_DIR": str(tmp_path),
+            "XLA_STREAMS_REPORT_HTML": "1",
+        }
+    )
+    assert config is not None and config.report_html
+    processed = plugin.process_text(FIXTURE.read_text(), config)
+    json_path, _, trace_path, html_path = processed.reports
+    stem = Path(json_path).name.removesuffix(".json")
+    assert Path(trace_path).name == f"{stem}.trace.json"
+    assert json.loads(Path(trace_path).read_text())["traceEvents"]
+    assert Path(html_path).name == f"{stem}.html"
+    assert "<svg" in Path(html_path).read_text()
+    with pytest.raises(ConfigError, match="XLA_STREAMS_REPORT_HTML='maybe'"):
+        Config.from_env({"XLA_STREAMS_COLLECTIVE_STREAMS": "4", "XLA_STREAMS_REPORT_HTML": "maybe"})
+    with pytest.raises(ConfigError, match="report_html needs report_dir"):
+        Config.from_env({"XLA_STREAMS_COLLECTIVE_STREAMS": "4", "XLA_STREAMS_REPORT_HTML": "1"})
 
 
 def test_reports_appear_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -270,8 +275,8 @@ def test_context_manager_restores_the_previous_state(jax_cpu: Any) -> None:
     compile_n(jax_cpu, 1)
     assert plugin.stats().calls == 2
     with (
-        pytest.raises(ConfigError, match="mode='ffi'"),
-        xla_streams.collective_streams(2, mode="ffi"),
+        pytest.raises(ConfigError, match="mode='fast'"),
+        xla_streams.collective_streams(2, mode="fast"),
     ):
         pass
     assert xla_streams.current() is None
@@ -421,6 +426,47 @@ def test_unmodified_script_gets_the_plugin_from_the_environment(tmp_path: Path) 
     assert not [p for p in reports.iterdir() if p.suffix not in (".json", ".txt")]
 
 
+@needs_entry_point
+def test_ffi_mode_from_the_environment_runs_our_custom_calls(tmp_path: Path) -> None:
+    """XLA_STREAMS_MODE=ffi: every collective of the unmodified script runs as our
+    start/done custom calls on the host runtime, with XLA's results."""
+    script = tmp_path / "collectives.py"
+    script.write_text(COLLECTIVES_SCRIPT)
+    reports, dump = tmp_path / "reports", tmp_path / "dump"
+    on = run_python(
+        [str(script), str(tmp_path / "on.npy")],
+        tmp_path,
+        {
+            "XLA_STREAMS_COLLECTIVE_STREAMS": "2",
+            "XLA_STREAMS_MODE": "ffi",
+            "XLA_STREAMS_REPORT_DIR": str(reports),
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count=8 --xla_dump_to={dump} "
+            "--xla_dump_hlo_pass_re=^$",
+        },
+        timeout=300,
+    )
+    assert on.returncode == 0, on.stderr
+    off = run_python([str(script), str(tmp_path / "off.npy")], tmp_path, {})
+    assert off.returncode == 0, off.stderr
+    import numpy as np
+
+    np.testing.assert_allclose(
+        np.load(tmp_path / "on.npy"), np.load(tmp_path / "off.npy"), rtol=1e-6
+    )
+    (optimized,) = dump.glob("*jit_step*after_optimizations.txt")
+    text = optimized.read_text()
+    # psum, all_gather, psum_scatter, all_to_all and ppermute: five of our starts.
+    assert text.count('custom_call_target="xla_streams_start"') == 5
+    assert not re.search(
+        r" (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)\(", text
+    )
+    (report,) = reports.glob("jit_step.*.json")
+    summary = json.loads(report.read_text())["summary"]
+    # Each collective consumes the one before: none overlap, so one stream is enough.
+    assert summary["assigned"] == 5
+    assert summary["max_in_flight"] == 1 and summary["streams_used"] == 1
+
+
 FAIL_FAST_SCRIPT = """
 import jax
 try:
@@ -437,9 +483,8 @@ print("REACHED")
     [
         ({"XLA_STREAMS_COLLECTIVE_STREAMS": "four"},
          "XLA_STREAMS_COLLECTIVE_STREAMS='four' is not valid: expected an integer from 1 to 64"),
-        ({"XLA_STREAMS_COLLECTIVE_STREAMS": "4", "XLA_STREAMS_MODE": "ffi"},
-         "XLA_STREAMS_MODE='ffi': ffi mode (collectives lowered to custom calls) is not "
-         "available yet; accepted values: native"),
+        ({"XLA_STREAMS_COLLECTIVE_STREAMS": "4", "XLA_STREAMS_MODE": "fast"},
+         "XLA_STREAMS_MODE='fast' is not valid; accepted values: native, ffi"),
         ({"XLA_STREAMS_COLLECTIVE_STREAMS": "4", "XLA_STREAMS_POLICY": "lifo"},
          "XLA_STREAMS_POLICY='lifo' is not valid; accepted values: interval, round-robin"),
     ],

@@ -11,6 +11,7 @@ policy               ``XLA_STREAMS_POLICY``              ``--xla_streams_policy`
 mode                 ``XLA_STREAMS_MODE``                ``--xla_streams_mode``
 pipeline             ``XLA_STREAMS_PIPELINE``            ``--xla_streams_pipeline``
 report_dir           ``XLA_STREAMS_REPORT_DIR``          ``--xla_streams_report_dir``
+report_html          ``XLA_STREAMS_REPORT_HTML``         ``--xla_streams_report_html``
 strict               ``XLA_STREAMS_STRICT``              ``--xla_streams_strict``
 ===================  ==================================  =================================
 
@@ -30,10 +31,10 @@ from typing import Any, Literal, cast
 
 from xla_streams.collectives import MAX_STREAMS, POLICIES, Policy
 
-Mode = Literal["native"]
-MODES: tuple[Mode, ...] = ("native",)
-# Modes that exist in the design but not (yet) in this installation.
-FUTURE_MODES = {"ffi": "ffi mode (collectives lowered to custom calls) is not available yet"}
+# native: XLA runs each annotated collective on its own communication_stream[k].
+# ffi: our custom calls run them (CUDA streams + NCCL, or host worker threads).
+Mode = Literal["native", "ffi"]
+MODES: tuple[Mode, ...] = ("native", "ffi")
 DEFAULT_POLICY: Policy = "interval"
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -41,7 +42,9 @@ BOOL_VALUES = ", ".join(v for pair in zip(_TRUE, _FALSE, strict=True) for v in p
 
 ENV_PREFIX = "XLA_STREAMS_"
 FLAG_PREFIX = "xla_streams_"
-SETTINGS = ("collective_streams", "policy", "mode", "pipeline", "report_dir", "strict")
+SETTINGS = (
+    "collective_streams", "policy", "mode", "pipeline", "report_dir", "report_html", "strict",
+)  # fmt: skip
 Source = Literal["env", "flag", "kwarg"]
 
 
@@ -71,6 +74,7 @@ class Config:
     mode: Mode = "native"
     pipeline: str | None = None
     report_dir: str | None = None
+    report_html: bool = False  # also a Perfetto trace and an HTML timeline per report
     strict: bool = False
 
     def __post_init__(self) -> None:
@@ -78,19 +82,35 @@ class Config:
         _check_streams(self.collective_streams, "collective_streams=")
         _check_choice(self.policy, POLICIES, "policy=")
         _check_mode(self.mode, "mode=")
-        if not isinstance(self.strict, bool):
-            raise ConfigError(
-                "strict", f"strict={self.strict!r} is not valid: expected True or False"
-            )
+        for setting in ("strict", "report_html"):
+            value = getattr(self, setting)
+            if not isinstance(value, bool):
+                raise ConfigError(
+                    setting, f"{setting}={value!r} is not valid: expected True or False"
+                )
+        if self.report_html and self.report_dir is None:
+            raise ConfigError("report_html", "report_html needs report_dir: where to write")
         if self.report_dir is not None and not isinstance(self.report_dir, str):
             raise ConfigError("report_dir", f"report_dir={self.report_dir!r} is not a path")
 
     # -- what the plugin runs -----------------------------------------------------
 
-    def pipeline_spec(self) -> str:
-        """The pass pipeline the hook runs on every compiled module."""
+    def pipeline_spec(self, on_cpu: bool = False) -> str:
+        """The pass pipeline the hook runs on every compiled module of a platform.
+
+        ffi mode lowers to the host runtime on CPU (after splitting XLA:CPU's
+        synchronous collectives) and to the CUDA runtime elsewhere; the CUDA
+        spec keeps a ``{devices}`` placeholder that each module's device
+        assignment fills in.
+        """
         if self.pipeline is not None:
             return self.pipeline
+        if self.mode == "ffi":
+            from xla_streams.runtime.hook import pipeline_spec
+
+            if on_cpu:
+                return pipeline_spec("host", self.collective_streams, self.policy)
+            return pipeline_spec("cuda", self.collective_streams, self.policy, "{devices}")
         return (
             f"find-async-pairs,assign-streams{{streams={self.collective_streams},"
             f"policy={self.policy}}},verify-streams,annotate-streams"
@@ -221,15 +241,10 @@ def _parse_mode(value: Any, name: str) -> Mode:
 
 
 def _check_mode(value: Any, name: str) -> None:
-    if value in FUTURE_MODES:
-        raise ConfigError(
-            "mode",
-            f"{_shown(name, value)}: {FUTURE_MODES[value]}; accepted values: {', '.join(MODES)}",
-        )
     _check_choice(value, MODES, name)
 
 
-def _parse_strict(value: Any, name: str) -> bool:
+def _parse_bool(value: Any, name: str) -> bool:
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
@@ -238,7 +253,7 @@ def _parse_strict(value: Any, name: str) -> bool:
     if text in _FALSE:
         return False
     raise ConfigError(
-        "strict", f"{_shown(name, value)} is not valid; accepted values: {BOOL_VALUES}"
+        _setting_of(name), f"{_shown(name, value)} is not valid; accepted values: {BOOL_VALUES}"
     )
 
 
@@ -269,7 +284,8 @@ _PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "mode": _parse_mode,
     "pipeline": _parse_pipeline,
     "report_dir": _parse_report_dir,
-    "strict": _parse_strict,
+    "report_html": _parse_bool,
+    "strict": _parse_bool,
 }
 
 

@@ -51,6 +51,11 @@ flags.DEFINE_string(
     "Write <module>.<fingerprint>.json/.txt assignment reports of every compiled module here.",
 )
 flags.DEFINE_string(
+    FLAG_PREFIX + "report_html",
+    None,
+    f"Also write a Perfetto trace and an HTML timeline next to each report ({BOOL_VALUES}).",
+)
+flags.DEFINE_string(
     FLAG_PREFIX + "strict",
     None,
     f"Fail the compile on an internal error instead of leaving the module unchanged "

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from absl import logging
 
+from xla_streams import xla_module
 from xla_streams.config import Config, ConfigError, ignored_env
 
 if TYPE_CHECKING:
@@ -201,6 +202,7 @@ def enable(
     mode: str | None = None,
     pipeline: str | None = None,
     report_dir: str | os.PathLike[str] | None = None,
+    report_html: bool | None = None,
     strict: bool | None = None,
 ) -> Config:
     """Turn the plugin on in this process; returns the settings now active.
@@ -216,6 +218,7 @@ def enable(
         "mode": mode,
         "pipeline": pipeline,
         "report_dir": report_dir,
+        "report_html": report_html,
         "strict": strict,
     }
     if collective_streams is None and pipeline is None:
@@ -395,14 +398,19 @@ def _ensure_registered() -> None:
         _registered_generation = generation
     from jax.extend.xla import PipelineStage, register_hlo_module_transformation
 
-    def callback(serialized: bytes) -> bytes | None:
-        if generation != _generation:
-            return None  # left over from before a disable()
-        return transform(serialized)
+    # One hook for XLA:CPU and one for the GPU platforms: ffi mode lowers each
+    # to its own runtime.
+    for on_cpu in (True, False):
 
-    register_hlo_module_transformation(
-        callback, name=HOOK_NAME, stage=PipelineStage.POST_SCHEDULER, platforms=list(PLATFORMS)
-    )
+        def callback(serialized: bytes, on_cpu: bool = on_cpu) -> bytes | None:
+            if generation != _generation:
+                return None  # left over from before a disable()
+            return transform(serialized, on_cpu)
+
+        platforms = ["cpu"] if on_cpu else [p for p in PLATFORMS if p != "cpu"]
+        register_hlo_module_transformation(
+            callback, name=HOOK_NAME, stage=PipelineStage.POST_SCHEDULER, platforms=platforms
+        )
 
 
 def _clear_hook() -> None:
@@ -450,140 +458,41 @@ def _has_async(serialized: bytes) -> bool:
     return any(op in serialized for op in _ASYNC_OPCODES)
 
 
-def _hlo_module() -> Any:
-    """jaxlib's HLO bindings (``HloModule``, ``hlo_module_from_text``, print options)."""
-    import importlib
-
-    return importlib.import_module("jaxlib._hlo")
-
-
-def device_counts(serialized: bytes) -> tuple[int, int] | None:
-    """(replica_count, num_partitions) from a serialized HloModuleProto's device assignment.
-
-    The proto carries no module config, so ``to_string()`` of a module made
-    from it prints neither ``replica_count`` nor ``num_partitions``, and every
-    device group would be read as if there were one device. XLA does serialize
-    the static device assignment (``HloModuleProto.device_assignment``, field
-    15: ``replica_count`` = 1, ``computation_count`` = 2), whose shape is
-    exactly (replicas, partitions). None when it is absent.
-    """
-    assignment = _proto_field(serialized, 15)
-    if assignment is None:
-        return None
-    replicas = _proto_varint(assignment, 1)
-    partitions = _proto_varint(assignment, 2)
-    if not replicas or not partitions:
-        return None
-    return replicas, partitions
-
-
-def with_device_counts(text: str, counts: tuple[int, int] | None) -> str:
-    """``text`` with ``replica_count``/``num_partitions`` in its header when missing."""
-    if counts is None:
-        return text
-    first, newline, rest = text.partition("\n")
-    additions = [
-        f"{key}={value}"
-        for key, value in (("replica_count", counts[0]), ("num_partitions", counts[1]))
-        if value > 1 and not re.search(rf"[ ,]{key}=", first)
-    ]
-    if not additions:
-        return text
-    return ", ".join([first, *additions]) + newline + rest
-
-
-def _proto_fields(data: bytes) -> Iterator[tuple[int, int, int | bytes]]:
-    """(field number, wire type, value) of each top-level field of a protobuf message."""
-    i, n = 0, len(data)
-    while i < n:
-        key, i = _varint(data, i)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, i = _varint(data, i)
-            yield number, wire, value
-        elif wire == 2:
-            size, i = _varint(data, i)
-            yield number, wire, data[i : i + size]
-            i += size
-        elif wire == 1:
-            i += 8
-        elif wire == 5:
-            i += 4
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-
-
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[i]
-        i += 1
-        result |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return result, i
-
-
-def _proto_field(data: bytes, number: int) -> bytes | None:
-    found = None
-    for field_number, wire, value in _proto_fields(data):
-        if field_number == number and wire == 2:
-            assert isinstance(value, bytes)
-            found = value
-    return found
-
-
-def _proto_varint(data: bytes, number: int) -> int | None:
-    found = None
-    for field_number, wire, value in _proto_fields(data):
-        if field_number == number and wire == 0:
-            assert isinstance(value, int)
-            found = value
-    return found
-
-
-def print_options() -> Any:
-    """How the hook prints XLA's module: XLA's defaults, but large constants in full.
-
-    The default ``HloModule.to_string()`` prints constants of more than a few
-    elements as ``{...}``, which ``hlo_module_from_text`` reads back without
-    their values: a module round-tripped that way computes with wrong constants.
-    """
-    options = _hlo_module().HloPrintOptions()
-    options.print_large_constants = True
-    return options
-
-
-def transform(serialized: bytes) -> bytes | None:
+def transform(serialized: bytes, on_cpu: bool = False) -> bytes | None:
     """The compile hook: a serialized HloModuleProto in, the changed one (or None) out."""
     config = _config
     if config is None:
         return None
     begin = time.perf_counter()
     try:
-        return _transform(serialized, config)
+        return _transform(serialized, config, on_cpu)
     finally:
         with _lock:
             _stats.seconds += time.perf_counter() - begin
 
 
-def _transform(serialized: bytes, config: Config) -> bytes | None:
-    _hlo = _hlo_module()
+def _transform(serialized: bytes, config: Config, on_cpu: bool) -> bytes | None:
     name = "<unparsed module>"
     with _lock:
         _stats.calls += 1
-    if config.report_dir is None and config.pipeline is None and not _has_async(serialized):
+    skippable = config.mode == "native" and config.report_dir is None and config.pipeline is None
+    if skippable and not _has_async(serialized):
         with _lock:
             _stats.unchanged += 1
         return None  # nothing to assign and no report to write: skip printing and parsing
     try:
-        module = _hlo.HloModule.from_serialized_hlo_module_proto(serialized)
-        name = module.name
-        text = with_device_counts(module.to_string(print_options()), device_counts(serialized))
-        processed = process_text(text, config, name=name, write=False)
-        out: bytes | None = None
-        if processed.text is not None:
-            out = _hlo.hlo_module_from_text(processed.text).as_serialized_hlo_module_proto()
+        name, text = xla_module.module_text(serialized)
+        spec = config.pipeline_spec(on_cpu)
+        if config.mode == "ffi":
+            from xla_streams import runtime
+
+            # Before XLA emits the custom calls, their targets must be registered.
+            runtime.register("host" if on_cpu else "cuda")
+            assignment = xla_module.device_assignment(serialized)
+            devices = assignment.device_ids if assignment is not None else ()
+            spec = spec.replace("{devices}", ":".join(map(str, devices)))
+        processed = process_text(text, config, name=name, write=False, spec=spec)
+        out = xla_module.to_proto(processed.text) if processed.text is not None else None
         # Only once XLA has read the module back: a report describes what runs.
         if config.report_dir is not None:
             _reports_or_warn(processed.compilation, name, processed.fingerprint, config)
@@ -605,7 +514,12 @@ def _transform(serialized: bytes, config: Config) -> bytes | None:
 
 
 def process_text(
-    text: str, config: Config, *, name: str | None = None, write: bool = True
+    text: str,
+    config: Config,
+    *,
+    name: str | None = None,
+    write: bool = True,
+    spec: str | None = None,
 ) -> Processed:
     """Run ``config``'s pipeline on one module's HLO text; with ``write``, write its reports.
 
@@ -617,7 +531,8 @@ def process_text(
 
     module = parse_module(text, f"<module {name}>" if name else "<module>")
     name = module.name
-    compilation = PassManager.from_spec(config.pipeline_spec()).run(Compilation(module))
+    pipeline = spec if spec is not None else config.pipeline_spec()
+    compilation = PassManager.from_spec(pipeline).run(Compilation(module))
     out = module.print()
     digest = fingerprint(text)
     reports: tuple[str, ...] = ()
@@ -667,4 +582,25 @@ def _reports_or_warn(
     logging.info("xla_streams: module %s: report %s", name, paths[0])
     with _lock:
         _stats.reports.append(paths[0])
+    if config.report_html:
+        return paths + _visual_report_or_warn(compilation, name, paths[0], config)
     return paths
+
+
+def _visual_report_or_warn(
+    compilation: Compilation, name: str, json_path: str, config: Config
+) -> tuple[str, ...]:
+    """The Perfetto trace and HTML timeline beside the JSON report (optional extras:
+    a failure here is logged, never a failed compile unless strict)."""
+    from xla_streams.simulate.command import write_visual_report
+
+    stem = os.path.basename(json_path).removesuffix(".json")
+    try:
+        trace, page = write_visual_report(compilation, os.path.dirname(json_path), stem)
+    except Exception as e:
+        if config.strict:
+            raise
+        logging.warning("xla_streams: no trace/HTML for module %s: %s", name, e)
+        return ()
+    logging.info("xla_streams: module %s: timeline %s", name, page)
+    return str(trace), str(page)

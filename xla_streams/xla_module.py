@@ -1,0 +1,147 @@
+"""The bridge between XLA's serialized HloModuleProto and our HLO text.
+
+The compile hook gets a proto; the passes read text. Two things get lost on the
+way unless handled here: large constants (XLA prints them as ``{...}`` by
+default, and reads that back without their values) and the device counts (the
+proto carries no module config, so the printed header has no
+``replica_count``/``num_partitions`` and every device group would look like one
+device). The counts, and the device of each logical id, come from the proto's
+static device assignment instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class DeviceAssignment:
+    """``HloModuleProto.device_assignment`` (field 15): a replicas x partitions grid."""
+
+    replica_count: int
+    num_partitions: int
+    # The device of logical id replica * num_partitions + partition; () if incomplete.
+    device_ids: tuple[int, ...]
+
+
+def device_assignment(serialized: bytes) -> DeviceAssignment | None:
+    """The static device assignment of a serialized module, if it has one."""
+    assignment = _last(serialized, 15, bytes)
+    if assignment is None:
+        return None
+    replicas = _last(assignment, 1, int) or 0
+    partitions = _last(assignment, 2, int) or 0
+    if not replicas or not partitions:
+        return None
+    # One ComputationDevice (field 3) per partition, listing the device of each replica.
+    columns = [_int64s(v) for n, v in _fields(assignment) if n == 3 and isinstance(v, bytes)]
+    ids = tuple(
+        columns[p][r]
+        for r in range(replicas)
+        for p in range(partitions)
+        if p < len(columns) and r < len(columns[p])
+    )
+    return DeviceAssignment(replicas, partitions, ids if len(ids) == replicas * partitions else ())
+
+
+def with_device_counts(text: str, assignment: DeviceAssignment | None) -> str:
+    """``text`` with ``replica_count``/``num_partitions`` in its header when missing."""
+    if assignment is None:
+        return text
+    first, newline, rest = text.partition("\n")
+    additions = [
+        f"{key}={value}"
+        for key, value in (
+            ("replica_count", assignment.replica_count),
+            ("num_partitions", assignment.num_partitions),
+        )
+        if value > 1 and not re.search(rf"[ ,]{key}=", first)
+    ]
+    if not additions:
+        return text
+    return ", ".join([first, *additions]) + newline + rest
+
+
+def print_options() -> Any:
+    """XLA's default print options, but with large constants in full."""
+    options = _hlo().HloPrintOptions()
+    options.print_large_constants = True
+    return options
+
+
+def module_text(serialized: bytes) -> tuple[str, str]:
+    """(module name, HLO text our passes can read and XLA reads back exactly)."""
+    module = _hlo().HloModule.from_serialized_hlo_module_proto(serialized)
+    text = module.to_string(print_options())
+    return str(module.name), with_device_counts(str(text), device_assignment(serialized))
+
+
+def to_proto(text: str) -> bytes:
+    """HLO text parsed by XLA's own parser, serialized."""
+    return bytes(_hlo().hlo_module_from_text(text).as_serialized_hlo_module_proto())
+
+
+def _hlo() -> Any:
+    return importlib.import_module("jaxlib._hlo")
+
+
+def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
+    """(field number, value) of each top-level varint or length-delimited field."""
+    i = 0
+    while i < len(data):
+        key, i = _varint(data, i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _varint(data, i)
+            yield number, value
+        elif wire == 2:
+            size, i = _varint(data, i)
+            yield number, data[i : i + size]
+            i += size
+        elif wire == 1:
+            i += 8
+        elif wire == 5:
+            i += 4
+        else:  # groups: HloModuleProto has none
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+
+
+def _last(data: bytes, number: int, kind: type[T]) -> T | None:
+    found = None
+    for n, value in _fields(data):
+        if n == number and isinstance(value, kind):
+            found = value
+    return found
+
+
+def _int64s(message: bytes) -> list[int]:
+    """Repeated int64 field 1 of a message, packed or not."""
+    values: list[int] = []
+    for number, value in _fields(message):
+        if number != 1:
+            continue
+        if isinstance(value, int):
+            values.append(value)
+            continue
+        i = 0
+        while i < len(value):
+            v, i = _varint(value, i)
+            values.append(v)
+    return values
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = data[i]
+        i += 1
+        result |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return result, i
