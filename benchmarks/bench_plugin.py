@@ -125,7 +125,7 @@ def bench_gpu_estimate(program_name: str, runs: int) -> dict[str, Any] | None:
     text = module.to_string(xla_module.print_options())
     counts = (1, program.num_devices)
     # Give the hook the device assignment XLA's own compile would serialize.
-    proto += _field(15, _field(1, counts[0]) + _field(2, counts[1]))
+    proto += xla_module.device_assignment_field(xla_module.DeviceAssignment(*counts, ()))
     plugin.enable_config(Config(4), "bench")
     hook_times: list[float] = []
     changed = None
@@ -142,20 +142,6 @@ def bench_gpu_estimate(program_name: str, runs: int) -> dict[str, Any] | None:
         "annotated": changed is not None,
         "lines": text.count("\n"),
     }
-
-
-def _field(number: int, payload: bytes | int) -> bytes:
-    def varint(n: int) -> bytes:
-        out = bytearray()
-        while True:
-            out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
-            n >>= 7
-            if not n:
-                return bytes(out)
-
-    if isinstance(payload, int):
-        return varint(number << 3) + varint(payload)
-    return varint(number << 3 | 2) + varint(len(payload)) + payload
 
 
 def main(argv: list[str] | None = None) -> int:

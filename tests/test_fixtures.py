@@ -16,8 +16,6 @@ import sys
 from functools import cache
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "hlo_fixtures"
 SCRIPT = REPO / "scripts" / "make_fixtures.py"
@@ -87,8 +85,9 @@ def max_in_flight(hlo: str) -> int:
 
 
 def test_regenerates_byte_for_byte() -> None:
-    if importlib.util.find_spec("jax_cuda12_plugin") is None:
-        pytest.skip("jax_cuda12_plugin not importable: install the gpu-aot extra (jax[cuda12])")
+    assert importlib.util.find_spec("jax_cuda12_plugin") is not None, (
+        "install the gpu-aot extra (jax[cuda12]): pip install -e '.[test,gpu-aot]'"
+    )
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--check", "--out", str(FIXTURES)],

@@ -407,8 +407,9 @@ CLI_CASES = [c for c in CASES if c.stage in ("parse", "pairs")]
 
 @pytest.mark.parametrize("case", CLI_CASES, ids=[c.id for c in CLI_CASES])
 def test_cli_opt_exits_2_and_writes_nothing(case: Case, tmp_path: Path) -> None:
-    cli = pytest.importorskip("xla_streams.cli")
     import io
+
+    from xla_streams import cli
 
     source = tmp_path / "in.hlo"
     source.write_text(case.text)
@@ -423,7 +424,6 @@ def test_cli_opt_exits_2_and_writes_nothing(case: Case, tmp_path: Path) -> None:
 
 
 def test_cli_process_exits_2_and_leaves_output_absent(tmp_path: Path) -> None:
-    pytest.importorskip("xla_streams.cli")
     source = tmp_path / "in.hlo"
     source.write_text(edit("%p = f32[8]{0}", "%p = q32[8]{0}"))
     out = tmp_path / "out.hlo"

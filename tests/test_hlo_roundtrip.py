@@ -45,14 +45,13 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from jaxlib import _hlo
 
 from xla_streams.hlo import Instruction, Module, parse_module
 from xla_streams.hlo.attributes import parse_frontend_attributes
 from xla_streams.hlo.text import find_closing, split_top_level
 from xla_streams.passes.annotate_streams import STREAM_ATTRIBUTE, set_frontend_attribute
 from xla_streams.pipeline import Compilation, PassManager
-
-_hlo = pytest.importorskip("jaxlib._hlo")
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE_DIR = REPO / "hlo_fixtures"
@@ -82,7 +81,7 @@ def test_fixture_directory_is_populated() -> None:
     """Once the fixture generator has written its MANIFEST there must be fixtures."""
     if not _manifest_exists():
         if not FIXTURES:
-            pytest.skip("hlo_fixtures/ has no MANIFEST yet and no fallback fixture exists")
+            pytest.fail("hlo_fixtures/ has no MANIFEST and no fixture")
         return
     assert sorted(FIXTURE_DIR.glob("*.hlo")), f"{FIXTURE_DIR} has a MANIFEST but no .hlo files"
 

@@ -15,15 +15,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "prove_native_streams.py"
 
-needs_gpu_aot = pytest.mark.skipif(
-    importlib.util.find_spec("jax_cuda12_plugin") is None,
-    reason="needs the gpu-aot extra (jax[cuda12]) for deviceless GPU compiles",
-)
+
+def needs_gpu_aot(test: Any) -> Any:
+    """Deviceless GPU compiles need the gpu-aot extra, which `make test` installs."""
+    assert importlib.util.find_spec("jax_cuda12_plugin") is not None, (
+        "install the gpu-aot extra: pip install -e '.[test,gpu-aot]'"
+    )
+    return test
 
 
 def _load_script(path: Path = SCRIPT) -> Any:

@@ -32,10 +32,12 @@ FIXTURE = REPO / "hlo_fixtures" / "transformer_step.limit4.text.hlo"
 ENTRY_POINT_INSTALLED = any(
     ep.value == "xla_streams.plugin" for ep in entry_points(group="jax_plugins")
 )
-needs_entry_point = pytest.mark.skipif(
-    not ENTRY_POINT_INSTALLED,
-    reason="the jax_plugins entry point is not installed (pip install -e .)",
-)
+assert ENTRY_POINT_INSTALLED, "the jax_plugins entry point is not installed: pip install -e ."
+
+
+def needs_entry_point(test: Any) -> Any:
+    """Marks tests that reach the plugin through JAX's entry point (checked above)."""
+    return test
 
 
 # -- settings ------------------------------------------------------------------------
@@ -145,21 +147,6 @@ def test_xla_flags_added_only_when_missing() -> None:
 # -- the module the hook sees ----------------------------------------------------------
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes | int) -> bytes:
-    if isinstance(payload, int):
-        return _varint(number << 3) + _varint(payload)
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
 def test_process_text_annotates_and_reports(tmp_path: Path) -> None:
     from xla_streams.report import build_report, format_report, to_json
 
@@ -228,7 +215,8 @@ def test_reports_appear_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 @pytest.fixture
 def jax_cpu() -> Iterator[Any]:
-    jax = pytest.importorskip("jax")
+    import jax
+
     plugin.disable()
     plugin.reset_stats()
     try:
@@ -591,7 +579,6 @@ def test_module_docstring_example_is_current() -> None:
 
 def test_quick_check_finds_every_module_with_async_pairs() -> None:
     """The hook skips printing and parsing a module only when it surely has no pair."""
-    pytest.importorskip("jax")
     from jaxlib import _hlo
 
     from xla_streams.hlo import parse_module

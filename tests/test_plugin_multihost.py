@@ -16,10 +16,7 @@ import os
 import socket
 import subprocess
 import sys
-from importlib.metadata import entry_points
 from pathlib import Path
-
-import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE = REPO / "hlo_fixtures" / "transformer_step.limit4.text.hlo"
@@ -49,25 +46,13 @@ x = jax.ShapeDtypeStruct((64, 128), jnp.float32, sharding=NamedSharding(mesh, P(
 f.lower(x).compile()
 
 from jaxlib import _hlo
-from xla_streams import plugin
-
-def field(number, payload):
-    def varint(n):
-        out = bytearray()
-        while True:
-            out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
-            n >>= 7
-            if not n:
-                return bytes(out)
-    if isinstance(payload, int):
-        return varint(number << 3) + varint(payload)
-    return varint(number << 3 | 2) + varint(len(payload)) + payload
+from xla_streams import plugin, xla_module
 
 # A module from text has no static device assignment; XLA's own compile gives the
 # hook one (HloModuleProto.device_assignment): 1 replica x 8 partitions here.
-assignment = field(1, 1) + field(2, 8) + b"".join(field(3, field(1, d)) for d in range(8))
+assignment = xla_module.device_assignment_field(xla_module.DeviceAssignment(1, 8, tuple(range(8))))
 proto = _hlo.hlo_module_from_text(Path(fixture).read_text()).as_serialized_hlo_module_proto()
-changed = plugin.transform(proto + field(15, assignment))
+changed = plugin.transform(proto + assignment)
 print("fixture annotated:", changed is not None, "failed:", plugin.stats().failed)
 jax.distributed.shutdown()
 """
@@ -79,12 +64,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.skipif(
-    not any(ep.value == "xla_streams.plugin" for ep in entry_points(group="jax_plugins")),
-    reason="the jax_plugins entry point is not installed (pip install -e .)",
-)
 def test_two_processes_write_identical_reports(tmp_path: Path) -> None:
-    pytest.importorskip("jax")
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
     port = _free_port()

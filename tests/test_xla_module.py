@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from xla_streams.xla_module import DeviceAssignment, device_assignment, with_device_counts
+from xla_streams.xla_module import (
+    DeviceAssignment,
+    device_assignment,
+    device_assignment_field,
+    with_device_counts,
+)
 
 
 def varint(value: int) -> bytes:
@@ -46,3 +51,9 @@ def test_device_counts_go_into_the_header_when_missing() -> None:
     assert with_device_counts(already, eight) == already
     assert with_device_counts(text, DeviceAssignment(1, 1, (0,))) == text
     assert with_device_counts(text, None) == text
+
+
+def test_device_assignment_field_round_trips() -> None:
+    for assignment in (DeviceAssignment(2, 2, (5, 6, 7, 4)), DeviceAssignment(1, 8, ())):
+        proto = field(1, b"jit_f") + device_assignment_field(assignment)
+        assert device_assignment(proto) == assignment

@@ -50,6 +50,21 @@ def device_assignment(serialized: bytes) -> DeviceAssignment | None:
     return DeviceAssignment(replicas, partitions, ids if len(ids) == replicas * partitions else ())
 
 
+def device_assignment_field(assignment: DeviceAssignment) -> bytes:
+    """``assignment`` serialized as field 15, to append to a module proto without one.
+
+    A module XLA parsed from text has no device assignment; XLA's own compile
+    serializes one. Benchmarks and tests use this to hand the hook what a
+    real compile would.
+    """
+    message = _field(1, assignment.replica_count) + _field(2, assignment.num_partitions)
+    ids = assignment.device_ids
+    for p in range(assignment.num_partitions if ids else 0):
+        column = ids[p :: assignment.num_partitions]
+        message += _field(3, b"".join(_field(1, d) for d in column))
+    return _field(15, message)
+
+
 def with_device_counts(text: str, assignment: DeviceAssignment | None) -> str:
     """``text`` with ``replica_count``/``num_partitions`` in its header when missing."""
     if assignment is None:
@@ -134,6 +149,21 @@ def _int64s(message: bytes) -> list[int]:
             v, i = _varint(value, i)
             values.append(v)
     return values
+
+
+def _field(number: int, value: bytes | int) -> bytes:
+    if isinstance(value, int):
+        return _encode_varint(number << 3) + _encode_varint(value)
+    return _encode_varint(number << 3 | 2) + _encode_varint(len(value)) + value
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
 
 
 def _varint(data: bytes, i: int) -> tuple[int, int]:
