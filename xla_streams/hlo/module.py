@@ -406,9 +406,6 @@ def parse_module(text: str, path: str = "<string>") -> Module:
     return module
 
 
-_SHAPES_SEEN: set[str] = set()
-
-
 def _add_instruction(
     module: Module, comp: Computation, line: str, line_no: int, names: dict[str, int]
 ) -> None:
@@ -425,12 +422,10 @@ def _add_instruction(
         )  # fmt: skip
     names[name] = line_no
     shape_text = m.group(3)
-    if shape_text not in _SHAPES_SEEN:
-        try:
-            parse_shape(shape_text)
-        except ScanError as e:
-            raise _line_error(module, line_no, m.start(3) + e.offset, e.message) from None
-        _SHAPES_SEEN.add(shape_text)
+    try:
+        parse_shape(shape_text)  # cached: a module repeats few distinct shapes
+    except ScanError as e:
+        raise _line_error(module, line_no, m.start(3) + e.offset, e.message) from None
     # Cheap balance check of the whole line; the exact scan runs only when it fails
     # (brackets inside quoted strings can make the counts differ legitimately).
     if (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cache
+from functools import lru_cache
 
 from xla_streams.hlo.text import ScanError, split_top_level
 
@@ -52,11 +52,12 @@ class Shape:
         return (self,)
 
 
-@cache
+@lru_cache(maxsize=1 << 14)
 def parse_shape(text: str) -> Shape:
     """Parse one shape; raises ScanError (offset into ``text``) when it is not one.
 
-    Cached: a large module repeats a few hundred distinct shapes many thousand times.
+    Cached: a large module repeats a few hundred distinct shapes many thousand
+    times. Bounded, since the plugin parses every module a long job compiles.
     """
     text_nc = _COMMENT.sub(lambda m: " " * len(m.group()), text)
     shape = _parse(text_nc, 0, len(text_nc))
