@@ -853,15 +853,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(xla_streams_cuda_done, xs::cuda::CudaDone,
                                   .Attrs());
 
 extern "C" {
-int xs_abi_version() { return 1; }
-void xs_set_timeout_ms(int64_t ms) { xs::GlobalConfig().timeout_ms = ms > 0 ? ms : 1; }
-int64_t xs_get_timeout_ms() { return xs::GlobalConfig().timeout_ms.load(); }
-void xs_trace_enable(int on) { xs::GlobalConfig().trace = on != 0; }
-void xs_trace_clear() { xs::Trace::Get().Clear(); }
-size_t xs_trace_json(char* buffer, size_t capacity) {
-  return xs::CopyOut(xs::Trace::Get().Json(), buffer, capacity);
-}
-int64_t xs_now_ns() { return xs::NowNs(); }
 // Waits for the CUDA events of finished collectives and adds them to the trace.
 void xs_cuda_trace_collect() { xs::cuda::Watchdog::Get().CollectTrace(); }
 // Collective stream priority: "high" (the device's greatest; default), "low"/"default" (0), or

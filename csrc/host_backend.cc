@@ -1074,15 +1074,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(xla_streams_host_compute, xs::host::HostCompute,
                                   .Attr<int64_t>("spin_us")
                                   .Attr<std::string_view>("label"));
 
-// Plain C entry points for ctypes.
-extern "C" {
-int xs_abi_version() { return 1; }
-void xs_set_timeout_ms(int64_t ms) { xs::GlobalConfig().timeout_ms = ms > 0 ? ms : 1; }
-int64_t xs_get_timeout_ms() { return xs::GlobalConfig().timeout_ms.load(); }
-void xs_trace_enable(int on) { xs::GlobalConfig().trace = on != 0; }
-void xs_trace_clear() { xs::Trace::Get().Clear(); }
-size_t xs_trace_json(char* buffer, size_t capacity) {
-  return xs::CopyOut(xs::Trace::Get().Json(), buffer, capacity);
-}
-int64_t xs_now_ns() { return xs::NowNs(); }
-}
+// The plain C entry points for ctypes are in common_api.cc.

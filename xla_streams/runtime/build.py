@@ -60,8 +60,8 @@ class Library:
 
 
 LIBRARIES = {
-    "host": Library("host", ("host_backend.cc",), ("common.h",)),
-    "cuda": Library("cuda", ("cuda_backend.cc",), ("common.h",)),
+    "host": Library("host", ("host_backend.cc", "common_api.cc"), ("common.h",)),
+    "cuda": Library("cuda", ("cuda_backend.cc", "common_api.cc"), ("common.h",)),
 }
 
 
