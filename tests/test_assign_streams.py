@@ -24,6 +24,15 @@ TP = "{{0,1,2,3},{4,5,6,7}}"  # tensor parallel: devices of one host half
 DP = "{{0,4},{1,5},{2,6},{3,7}}"  # data parallel: one device of each half
 
 
+ADD = [
+    "%add (lhs: f32[], rhs: f32[]) -> f32[] {",
+    "  %lhs = f32[] parameter(0)",
+    "  %rhs = f32[] parameter(1)",
+    "  ROOT %sum = f32[] add(%lhs, %rhs)",
+    "}",
+]
+
+
 def schedule(*events: str) -> str:
     """A scheduled 8-device module from events: `start NAME GROUPS`, `done NAME`, `dot`."""
     lines = ["  %p = f32[1024,1024]{1,0} parameter(0)"]
@@ -48,11 +57,7 @@ def schedule(*events: str) -> str:
         [
             "HloModule test, is_scheduled=true, num_partitions=8",
             "",
-            "%add (lhs: f32[], rhs: f32[]) -> f32[] {",
-            "  %lhs = f32[] parameter(0)",
-            "  %rhs = f32[] parameter(1)",
-            "  ROOT %sum = f32[] add(%lhs, %rhs)",
-            "}",
+            *ADD,
             "",
             "ENTRY %main (p: f32[1024,1024]) -> () {",
             *lines,
@@ -142,11 +147,7 @@ def test_pairs_in_a_while_body_overlap_a_pair_spanning_the_loop() -> None:
         [
             "HloModule loop, is_scheduled=true, num_partitions=8",
             "",
-            "%add (lhs: f32[], rhs: f32[]) -> f32[] {",
-            "  %lhs = f32[] parameter(0)",
-            "  %rhs = f32[] parameter(1)",
-            "  ROOT %sum = f32[] add(%lhs, %rhs)",
-            "}",
+            *ADD,
             "",
             "%body (x: f32[64]) -> f32[64] {",
             "  %x = f32[64]{0} parameter(0)",

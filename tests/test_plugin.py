@@ -379,8 +379,13 @@ def module_names_in_dump(dump: Path) -> set[str]:
     return names
 
 
-@needs_entry_point
-def test_unmodified_script_gets_the_plugin_from_the_environment(tmp_path: Path) -> None:
+def run_collectives_script(
+    tmp_path: Path, settings: dict[str, str]
+) -> tuple[subprocess.CompletedProcess[str], Any, Any, Path, Path]:
+    """COLLECTIVES_SCRIPT with ``settings`` (plus a report dir and an HLO dump) and
+    without the plugin: (the run with it, its result, the result without, reports, dump)."""
+    import numpy as np
+
     script = tmp_path / "collectives.py"
     script.write_text(COLLECTIVES_SCRIPT)
     reports, dump = tmp_path / "reports", tmp_path / "dump"
@@ -388,18 +393,27 @@ def test_unmodified_script_gets_the_plugin_from_the_environment(tmp_path: Path) 
         [str(script), str(tmp_path / "on.npy")],
         tmp_path,
         {
-            "XLA_STREAMS_COLLECTIVE_STREAMS": "4",
+            **settings,
             "XLA_STREAMS_REPORT_DIR": str(reports),
             "XLA_FLAGS": f"--xla_force_host_platform_device_count=8 --xla_dump_to={dump} "
             "--xla_dump_hlo_pass_re=^$",
         },
+        timeout=300,
     )
     assert on.returncode == 0, on.stderr
     off = run_python([str(script), str(tmp_path / "off.npy")], tmp_path, {})
     assert off.returncode == 0, off.stderr
+    return on, np.load(tmp_path / "on.npy"), np.load(tmp_path / "off.npy"), reports, dump
+
+
+@needs_entry_point
+def test_unmodified_script_gets_the_plugin_from_the_environment(tmp_path: Path) -> None:
     import numpy as np
 
-    np.testing.assert_array_equal(np.load(tmp_path / "on.npy"), np.load(tmp_path / "off.npy"))
+    on, with_plugin, without, reports, dump = run_collectives_script(
+        tmp_path, {"XLA_STREAMS_COLLECTIVE_STREAMS": "4"}
+    )
+    np.testing.assert_array_equal(with_plugin, without)
     # The plugin said what it set, and every module XLA compiled has its report.
     assert (
         "added to XLA_FLAGS: --xla_gpu_experimental_parallel_collective_overlap_limit=4"
@@ -418,29 +432,12 @@ def test_unmodified_script_gets_the_plugin_from_the_environment(tmp_path: Path) 
 def test_ffi_mode_from_the_environment_runs_our_custom_calls(tmp_path: Path) -> None:
     """XLA_STREAMS_MODE=ffi: every collective of the unmodified script runs as our
     start/done custom calls on the host runtime, with XLA's results."""
-    script = tmp_path / "collectives.py"
-    script.write_text(COLLECTIVES_SCRIPT)
-    reports, dump = tmp_path / "reports", tmp_path / "dump"
-    on = run_python(
-        [str(script), str(tmp_path / "on.npy")],
-        tmp_path,
-        {
-            "XLA_STREAMS_COLLECTIVE_STREAMS": "2",
-            "XLA_STREAMS_MODE": "ffi",
-            "XLA_STREAMS_REPORT_DIR": str(reports),
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count=8 --xla_dump_to={dump} "
-            "--xla_dump_hlo_pass_re=^$",
-        },
-        timeout=300,
-    )
-    assert on.returncode == 0, on.stderr
-    off = run_python([str(script), str(tmp_path / "off.npy")], tmp_path, {})
-    assert off.returncode == 0, off.stderr
     import numpy as np
 
-    np.testing.assert_allclose(
-        np.load(tmp_path / "on.npy"), np.load(tmp_path / "off.npy"), rtol=1e-6
+    _, with_plugin, without, reports, dump = run_collectives_script(
+        tmp_path, {"XLA_STREAMS_COLLECTIVE_STREAMS": "2", "XLA_STREAMS_MODE": "ffi"}
     )
+    np.testing.assert_allclose(with_plugin, without, rtol=1e-6)
     (optimized,) = dump.glob("*jit_step*after_optimizations.txt")
     text = optimized.read_text()
     # psum, all_gather, psum_scatter, all_to_all and ppermute: five of our starts.
