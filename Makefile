@@ -1,26 +1,53 @@
 # The two commands of the README. Both set up .venv/ first (once per change of
 # pyproject.toml), so they work on a fresh clone.
-PYTHON ?= python3
+#
+# Python 3.12: `python3.12` where it runs as is, else through pyenv (3.12.1),
+# else say how to choose one (make PYTHON=/path/to/python3.12).
+PYTHON ?= $(shell for p in python3.12 python3; do \
+    PYENV_VERSION=3.12.1 $$p -c 'import sys; assert sys.version_info[:2] == (3, 12); print(sys.executable)' \
+    2>/dev/null && break; done)
 VENV := .venv
 STAMP := $(VENV)/.installed
+# The oldest jax supported (the GPU image's), checked in its own venv: the plugin
+# must start, and never hang, an unmodified program there too.
+COMPAT_JAX := 0.11.2
+COMPAT_VENV := .venv-jax$(COMPAT_JAX)
+COMPAT_STAMP := $(COMPAT_VENV)/.installed
+COMPAT_TESTS := unmodified_script or ffi_mode_from or bad_values_stop or strict_mode_from
 
-.PHONY: demo test
+.PHONY: demo test compat chromium python
 demo: $(STAMP)
 	$(VENV)/bin/xla-streams demo
 
-test: $(STAMP) chromium
+test: $(STAMP) chromium compat
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/python scripts/gpu_check.py --dry-run $(VENV)/gpu_check_dry_run
 	$(VENV)/bin/python -m pytest -q
 
+# jax 0.11.2 (CPU wheels, about 100 MB): the plugin's start-up and its native and
+# ffi modes on an unmodified 8-device program (tests/test_plugin.py, subprocesses).
+compat: $(COMPAT_STAMP)
+	$(COMPAT_VENV)/bin/python -m pytest -q tests/test_plugin.py -k '$(COMPAT_TESTS)'
+
 # Headless Chromium renders the HTML report in a test (Debian's package; CI runs as root).
-.PHONY: chromium
 chromium:
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+python:
+	@test -n "$(PYTHON)" || { echo "Python 3.12 not found: install it, or run make PYTHON=/path/to/python3.12" >&2; exit 1; }
+
+$(STAMP): pyproject.toml | python
+	@$(VENV)/bin/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null \
+	    || $(PYTHON) -m venv --clear $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[test,gpu-aot]'
+	touch $@
+
+$(COMPAT_STAMP): pyproject.toml | python
+	$(PYTHON) -m venv --clear $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/pip install --quiet --upgrade pip
+	$(COMPAT_VENV)/bin/pip install --quiet 'jax==$(COMPAT_JAX)' 'jaxlib==$(COMPAT_JAX)' pytest
+	$(COMPAT_VENV)/bin/pip install --quiet -e .
 	touch $@

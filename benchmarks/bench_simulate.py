@@ -10,7 +10,8 @@ cache cleared before every run, and run interleaved after one warm-up each:
             annotate-streams + print (what `xla-streams assign` and the plugin do)
   simulate  parse + find-async-pairs + the cost model + replays for K = 1, 2, 4, 8
             under every policy + the lower bound (the what-if table of
-            `xla-streams simulate`, without pictures)
+            `xla-streams simulate`, without pictures; with the two bounds and the
+            explanations of any K predicted slower than a smaller one)
 
 The target is simulate <= 2 x assign. ``--check`` exits 1 when the median ratio
 misses it. ``--pictures`` also times recording the timelines and rendering the
@@ -34,9 +35,7 @@ from xla_streams.collectives import POLICIES  # noqa: E402
 from xla_streams.hlo import parse_module  # noqa: E402
 from xla_streams.pipeline import Compilation, PassManager  # noqa: E402
 from xla_streams.simulate import Simulator, get_target, what_if  # noqa: E402
-from xla_streams.simulate.command import record_timelines  # noqa: E402
-from xla_streams.simulate.html import render_html  # noqa: E402
-from xla_streams.simulate.trace import trace_json  # noqa: E402
+from xla_streams.simulate.visual import pictures  # noqa: E402
 
 ASSIGN = "find-async-pairs,assign-streams{streams=4},verify-streams,annotate-streams"
 STREAMS = (1, 2, 4, 8)
@@ -44,14 +43,10 @@ TARGET_RATIO = 2.0
 
 
 def _clear_caches() -> None:
-    from xla_streams.hlo import module, shape
+    """The front end's shape cache, so that every run parses from scratch."""
+    from xla_streams.hlo import shape
 
-    clear = getattr(shape.parse_shape, "cache_clear", None)
-    if clear is not None:
-        clear()
-    seen = getattr(module, "_SHAPES_SEEN", None)
-    if isinstance(seen, set):
-        seen.clear()
+    shape.parse_shape.cache_clear()
 
 
 def assign(text: str, path: str) -> Callable[[], None]:
@@ -64,7 +59,7 @@ def assign(text: str, path: str) -> Callable[[], None]:
     return run
 
 
-def simulate(text: str, path: str, pictures: bool) -> Callable[[], None]:
+def simulate(text: str, path: str, with_pictures: bool) -> Callable[[], None]:
     target = get_target("h100")
 
     def run() -> None:
@@ -73,10 +68,8 @@ def simulate(text: str, path: str, pictures: bool) -> Callable[[], None]:
         compilation = PassManager.from_spec("find-async-pairs").run(Compilation(module))
         sim = Simulator(module, target, compilation.pairs)
         what = what_if(module, target, STREAMS, POLICIES, simulator=sim)
-        if pictures:
-            timelines = record_timelines(sim, what)
-            trace_json(timelines, module.name, target)
-            render_html(what, timelines)
+        if with_pictures:
+            pictures(sim, what)
 
     return run
 

@@ -2,18 +2,20 @@
 frontend attribute ``_xla_stream_annotation="k"``, which XLA:GPU honours by
 running the collective on ``communication_stream[k]``.
 
-Existing frontend attributes are kept; every other byte of the module stays.
+Sync pairs are left as they are: XLA runs them where the stream model says
+whatever their annotation, except that an annotation of the module naming a
+stream >= K is rewritten to 0, so no stream >= K is ever emitted. Existing
+frontend attributes are kept; every other byte of the module stays.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xla_streams.hlo import Instruction
-from xla_streams.hlo.attributes import decode, format_frontend_attributes, parse_frontend_attributes
-from xla_streams.pipeline import Compilation, Fact, ModulePass, register
+from xla_streams.collectives import STREAM_ATTRIBUTE
+from xla_streams.pipeline import Compilation, Fact, ModulePass, register, set_frontend_attribute
 
-STREAM_ATTRIBUTE = "_xla_stream_annotation"
+__all__ = ["STREAM_ATTRIBUTE", "AnnotateStreams", "set_frontend_attribute"]
 
 
 @register
@@ -29,19 +31,14 @@ class AnnotateStreams(ModulePass):
         module = compilation.module
         for pair in compilation.pairs:
             stream = assignment.stream_of[pair.start]
-            if stream is None:
-                continue
+            if stream is None or pair.sync:
+                stale = pair.annotation is not None and pair.annotation >= assignment.streams
+                if not stale:
+                    continue
+                stream = 0
             comp = module.computation(pair.computation)
             assert comp is not None
             for name in (pair.start, pair.done):
                 inst = comp.get(name)
                 assert inst is not None
-                set_frontend_attribute(inst, STREAM_ATTRIBUTE, str(stream))
-
-
-def set_frontend_attribute(inst: Instruction, key: str, value: str) -> None:
-    attributes = decode(inst, "frontend_attributes", parse_frontend_attributes) or {}
-    if attributes.get(key) == value:
-        return
-    attributes[key] = value
-    inst.set_attribute("frontend_attributes", format_frontend_attributes(attributes))
+                compilation.set_frontend_attribute(inst, STREAM_ATTRIBUTE, str(stream))

@@ -40,6 +40,7 @@ class Asyncify(ModulePass):
 
     def run(self, compilation: Compilation) -> None:
         if asyncify(compilation.module):
+            compilation.restructured = True
             compilation.pairs = ()
             compilation.assignment = None
             compilation.facts -= _STALE

@@ -3,16 +3,18 @@
 Reads the dedicated pairs (``all-reduce-start``/``-done`` ...), wrapped ones in both
 spellings (``async-start(...), calls=%c`` around a collective, and the sugared
 ``reduce-scatter-start`` that ``compiled.as_text()`` prints) and send/recv. For
-each it records the schedule positions, whether it is sync or pipelined, the
-global device ids of its groups and the bytes it moves.
+each it records the schedule positions, when it is in flight at every call of
+its computation, where XLA runs it (the :class:`StreamModel`), the global device
+ids of its groups, the bytes it moves and a stream annotation it already has.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from xla_streams.collectives import AsyncPair
-from xla_streams.hlo import Computation, Instruction, Module
+from xla_streams.collectives import STREAM_ATTRIBUTE, AsyncPair, StreamModel
+from xla_streams.hlo import Computation, HloError, Instruction, Module
 from xla_streams.hlo.attributes import (
     Groups,
     decode,
@@ -49,19 +51,35 @@ _CONTROL_FLOW_CALLEES = {
 @register
 @dataclass(frozen=True)
 class FindAsyncPairs(ModulePass):
+    """Options say how the module was compiled and who runs its collectives (see
+    :class:`StreamModel`): ``overlap_limit`` (0: unknown), ``sync_on_compute``
+    (jax >= 0.11), ``ffi`` (our runtime, not XLA)."""
+
     name = "find-async-pairs"
     ensures = frozenset({Fact.ASYNC_PAIRS})
 
+    overlap_limit: int = 0
+    sync_on_compute: bool = False
+    ffi: bool = False
+
+    def __post_init__(self) -> None:
+        if self.overlap_limit < 0:
+            raise ValueError(f"overlap_limit must be 0 (unknown) or more, not {self.overlap_limit}")
+
+    @classmethod
+    def of(cls, model: StreamModel) -> FindAsyncPairs:
+        return cls(model.overlap_limit, model.sync_on_compute, model.ffi)
+
     def run(self, compilation: Compilation) -> None:
-        compilation.pairs = tuple(find_async_pairs(compilation.module))
+        model = StreamModel(self.overlap_limit, self.sync_on_compute, self.ffi)
+        compilation.pairs = tuple(find_async_pairs(compilation.module, model))
 
 
-def find_async_pairs(module: Module) -> list[AsyncPair]:
-    """All pairs of the module, ordered by when they start in the execution."""
-    times = execution_times(module)
-    pairs: list[AsyncPair] = []
+def find_async_pairs(module: Module, model: StreamModel | None = None) -> list[AsyncPair]:
+    """All pairs of the module, ordered by when they first start in the execution."""
+    model = model or StreamModel()
+    found: list[tuple[Computation, Instruction, Instruction]] = []
     for comp in module.computations:
-        position = {inst.name: i for i, inst in enumerate(comp.instructions)}
         starts_done: set[str] = set()
         for done in comp.instructions:
             start = _start_of(done, comp)
@@ -70,45 +88,152 @@ def find_async_pairs(module: Module) -> list[AsyncPair]:
             if start.name in starts_done:
                 raise done.error(f"'%{start.name}' already has a done")
             starts_done.add(start.name)
-            pairs.append(_pair(module, comp, start, done, position, times))
+            found.append((comp, start, done))
         for inst in comp.instructions:
             if _is_start(inst, comp) and inst.name not in starts_done and not _is_pipelined(inst):
                 raise inst.error(f"async start '%{inst.name}' has no done in '{comp.name}'")
-    pairs.sort(key=lambda p: p.start_time)
+    layout = execution_layout(module, {comp.name for comp, _, _ in found})
+    positions: dict[str, dict[str, int]] = {}
+    pairs = []
+    for comp, start, done in found:
+        if comp.name not in positions:
+            positions[comp.name] = {inst.name: i for i, inst in enumerate(comp.instructions)}
+        pairs.append(_pair(module, comp, start, done, positions[comp.name], layout, model))
+    pairs.sort(key=lambda p: (p.start_time, p.start))
     return pairs
 
 
-def execution_times(module: Module) -> dict[str, list[int]]:
-    """Per computation, the time of each instruction in one execution of the program.
+# The most call paths laid out from ENTRY to the computations holding pairs: a
+# call graph that reaches them in more ways is refused rather than expanded (a
+# tiny module can declare exponentially many), and no real program comes close.
+MAX_CALL_PATHS = 100_000
 
-    Callees of control flow are laid out inside the calling instruction (at its
-    first call), so a pair in flight across a `while` is in flight during its body.
-    Computations not reached from ENTRY follow, in text order.
+
+@dataclass(frozen=True)
+class Layout:
+    """One execution of the program, on a clock that ticks at each instruction's
+    start and end; callees of control flow run inside their calling instruction."""
+
+    offsets: dict[str, list[int]]  # computation -> ticks before each instruction starts
+    bases: dict[str, list[int]]  # computation -> its start time at each call
+
+    def times(self, computation: str, index: int) -> list[int]:
+        """When instruction ``index`` of ``computation`` starts, at each call."""
+        offset = self.offsets[computation][index]
+        return [base + offset + 1 for base in self.bases[computation]]
+
+
+def execution_layout(module: Module, wanted: set[str]) -> Layout:
+    """Lay the program out from ENTRY, every call site counted, for the computations
+    in ``wanted`` (and those calling them). Computations not reached from ENTRY
+    follow, once each, in text order. Iterative: call chains may be deep.
     """
-    times: dict[str, list[int]] = {}
+    callees = {comp.name: _control_flow_callees(module, comp) for comp in module.computations}
+    order = _callers_first(module, callees)
+    sizes: dict[str, int] = {}
+    offsets: dict[str, list[int]] = {}
+    for name in reversed(order):  # callees first
+        comp = module.computation(name)
+        assert comp is not None
+        ticks, starts = 0, []
+        for i, _ in enumerate(comp.instructions):
+            starts.append(ticks)
+            ticks += 2 + sum(sizes[c] for c in callees[name].get(i, ()))
+        offsets[name], sizes[name] = starts, ticks
+    relevant = set(wanted)
+    for name in reversed(order):
+        if any(c in relevant for cs in callees[name].values() for c in cs):
+            relevant.add(name)
+    bases: dict[str, list[int]] = {name: [] for name in order}
     clock = 0
+    reached = set(_reachable(module.entry.name, callees))
+    roots = [module.entry.name] + [c.name for c in module.computations if c.name not in reached]
+    for root in roots:
+        if root in relevant and not bases[root]:
+            bases[root].append(clock)
+        clock += sizes[root]
+    paths = 0
+    for name in order:
+        for base in bases[name]:
+            for i, called in callees[name].items():
+                at = base + offsets[name][i] + 1
+                for callee in called:
+                    if callee in relevant:
+                        bases[callee].append(at)
+                        paths += 1
+                    at += sizes[callee]
+        if paths > MAX_CALL_PATHS:
+            raise _module_error(
+                module,
+                f"the call graph reaches computation '{name}' and its callees in more than "
+                f"{MAX_CALL_PATHS} ways; xla_streams lays out every call site and refuses this",
+            )
+    return Layout(offsets, bases)
 
-    def visit(comp: Computation) -> None:
-        nonlocal clock
-        slots = times[comp.name] = []
-        for inst in comp.instructions:
-            clock += 1
-            slots.append(clock)
-            for key in _CONTROL_FLOW_CALLEES.get(inst.opcode, ()):
-                value = inst.attribute(key)
-                if value is None:
-                    continue
-                for name in value.strip("{}").split(","):
-                    callee = module.computation(name.strip().lstrip("%"))
-                    if callee is not None and callee.name not in times:
-                        visit(callee)
-            clock += 1  # the instruction ends after everything it called
 
-    visit(module.entry)
+def _control_flow_callees(module: Module, comp: Computation) -> dict[int, list[str]]:
+    """Instruction index -> the computations it runs as control flow."""
+    result: dict[int, list[str]] = {}
+    for i, inst in enumerate(comp.instructions):
+        for key in _CONTROL_FLOW_CALLEES.get(inst.opcode, ()):
+            value = inst.attribute(key)
+            if value is None:
+                continue
+            for name in value.strip("{}").split(","):
+                callee = name.strip().lstrip("%")
+                if module.computation(callee) is None:
+                    raise inst.error_at_attribute(key, 0, f"unknown computation '{callee}'")
+                result.setdefault(i, []).append(callee)
+    return result
+
+
+def _callers_first(module: Module, callees: dict[str, dict[int, list[str]]]) -> list[str]:
+    """Computations ordered so that every caller comes before its callees."""
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    post: list[str] = []
     for comp in module.computations:
-        if comp.name not in times:
-            visit(comp)
-    return times
+        if comp.name in state:
+            continue
+        stack = [(comp.name, iter([c for cs in callees[comp.name].values() for c in cs]))]
+        state[comp.name] = 1
+        while stack:
+            name, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                state[name] = 2
+                post.append(name)
+            elif state.get(child) == 1:
+                callee = module.computation(child)
+                assert callee is not None
+                raise _line_error(module, callee.line, f"computation '{child}' calls itself")
+            elif child not in state:
+                state[child] = 1
+                stack.append((child, iter([c for cs in callees[child].values() for c in cs])))
+    return post[::-1]
+
+
+def _reachable(entry: str, callees: dict[str, dict[int, list[str]]]) -> Iterator[str]:
+    seen = {entry}
+    stack = [entry]
+    while stack:
+        name = stack.pop()
+        yield name
+        for called in callees[name].values():
+            for c in called:
+                if c not in seen:
+                    seen.add(c)
+                    stack.append(c)
+
+
+def _module_error(module: Module, message: str) -> HloError:
+    return _line_error(module, module.entry.line, message)
+
+
+def _line_error(module: Module, line: int, message: str) -> HloError:
+    return HloError(
+        message, path=module.path, line=line, column=1, source_line=module.source_line(line)
+    )
 
 
 def _start_of(done: Instruction, comp: Computation) -> Instruction | None:
@@ -173,7 +298,8 @@ def _pair(
     start: Instruction,
     done: Instruction,
     position: dict[str, int],
-    times: dict[str, list[int]],
+    layout: Layout,
+    model: StreamModel,
 ) -> AsyncPair:
     # The instruction that carries the collective's attributes.
     op = _wrapped(start) if start.opcode == "async-start" else start
@@ -182,7 +308,16 @@ def _pair(
     start_index, done_index = position[start.name], position[done.name]
     if done_index <= start_index:
         raise done.error(f"'%{done.name}' is scheduled before its start '%{start.name}'")
-    slots = times[comp.name]
+    sync = (
+        _is_sync(start)
+        or (op is not start and _is_sync(op))
+        or (not model.ffi and _made_sync_by_xla(comp, start_index, done_index, kind))
+    )
+    pipelined = _is_pipelined(start)
+    occurrences = tuple(
+        zip(layout.times(comp.name, start_index), layout.times(comp.name, done_index), strict=True)
+    )
+    first = occurrences[0] if occurrences else (0, 0)
     return AsyncPair(
         computation=comp.name,
         start=start.name,
@@ -190,14 +325,59 @@ def _pair(
         kind=kind,
         start_index=start_index,
         done_index=done_index,
-        start_time=slots[start_index],
-        done_time=slots[done_index],
-        sync=_is_sync(start) or (op is not start and _is_sync(op)),
-        pipelined=_is_pipelined(start),
+        start_time=first[0],
+        done_time=first[1],
+        sync=sync,
+        pipelined=pipelined,
         groups=device_groups(module, op, kind),
         bytes=max(sum(o.shape.byte_size for o in start.operands), done.shape.byte_size),
         start_line=start.line,
+        lane=model.lane(sync=sync, pipelined=pipelined),
+        annotation=_annotation(start),
+        occurrences=occurrences,
     )
+
+
+# What XLA's async-to-sync converter (run after scheduling, so after our hook)
+# treats as no work between a start and its done: then nothing overlaps the
+# collective, and XLA makes it synchronous (GpuConvertAsyncCollectivesToSync).
+_NO_WORK = frozenset({"parameter", "constant", "bitcast", "get-tuple-element"})
+
+
+def _made_sync_by_xla(comp: Computation, start_index: int, done_index: int, kind: str) -> bool:
+    if kind in ("send", "recv"):
+        return False  # the converter leaves send/recv alone
+    for inst in comp.instructions[start_index + 1 : done_index]:
+        if inst.opcode in _NO_WORK:
+            continue
+        if _is_start(inst, comp) and inst.opcode not in ("send", "recv"):
+            continue
+        if _start_of_or_none(inst, comp) is not None and inst.opcode not in _DONE_OF_SEND_RECV:
+            continue
+        return False
+    return True
+
+
+def _start_of_or_none(inst: Instruction, comp: Computation) -> Instruction | None:
+    try:
+        return _start_of(inst, comp)
+    except HloError:
+        return None
+
+
+def _annotation(start: Instruction) -> int | None:
+    """The ``_xla_stream_annotation`` already on a start (a user's pin, or a stale one)."""
+    attributes = decode(start, "frontend_attributes", parse_frontend_attributes) or {}
+    value = attributes.get(STREAM_ATTRIBUTE)
+    if value is None:
+        return None
+    if not value.isdigit() or len(value) > 6:
+        raise start.error_at_attribute(
+            "frontend_attributes",
+            0,
+            f'{STREAM_ATTRIBUTE}="{value}" is not a stream number',
+        )
+    return int(value)
 
 
 def _is_sync(inst: Instruction) -> bool:

@@ -216,13 +216,15 @@ class LowerToFfi(ModulePass):
     def run(self, compilation: Compilation) -> None:
         assignment = compilation.assignment
         assert assignment is not None
-        lower_to_ffi(
+        lowered = lower_to_ffi(
             compilation.module,
             compilation.pairs,
             assignment.stream_of,
             self.backend,
             device_ids(self.devices),
         )
+        if lowered:
+            compilation.restructured = True
 
 
 def device_ids(devices: str) -> tuple[int, ...]:

@@ -4,10 +4,15 @@
     JAX_PLATFORMS=cpu python scripts/make_fixtures.py            # rewrite hlo_fixtures/
     JAX_PLATFORMS=cpu python scripts/make_fixtures.py --check    # exit 1 if any file differs
 
-Needs the `gpu-aot` extra (jax[cuda12]==0.10.2); no GPU. The output is
-byte-for-byte reproducible: source paths in the HLO metadata are made relative
-to the repository and the driver's own frames are left out, so the files do
-not depend on where the checkout lives or how this script is invoked.
+Needs the `gpu-aot` extra (jax[cuda12]==0.12.0.1); no GPU. Three forms of each
+module: ``text`` is ``compiled.as_text()``; ``dump`` XLA's after-optimizations
+dump (wrapped collectives as ``async-start(...), calls=``, tuple operands as
+``%x#N``); ``hook`` the module as the plugin's compile hook receives it, before
+XLA's post-scheduling passes (which make idle pairs synchronous). The output is
+byte-for-byte reproducible for the pinned jax: source paths in the HLO metadata
+are made relative to the repository and the driver's own frames are left out,
+so the files do not depend on where the checkout lives or how this script is
+invoked.
 """
 
 from __future__ import annotations
@@ -30,10 +35,12 @@ REPO = Path(__file__).resolve().parent.parent
 # Import xla_streams from this checkout even if another copy is installed.
 sys.path.insert(0, str(REPO))
 
+from xla_streams import xla_options  # noqa: E402
+
 DEFAULT_OUT = REPO / "hlo_fixtures"
 MANIFEST = "MANIFEST.json"
 TARGET = "h100"
-LIMIT = "xla_gpu_experimental_parallel_collective_overlap_limit"
+LIMIT = xla_options.OVERLAP_LIMIT
 
 OPTION_SETS: dict[str, dict[str, Any]] = {
     "default": {},
@@ -43,9 +50,7 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     # scan loops ("is_pipelined":true in the collective backend config).
     "limit4_pipelined": {
         LIMIT: 4,
-        "xla_gpu_enable_pipelined_all_gather": True,
-        "xla_gpu_enable_pipelined_reduce_scatter": True,
-        "xla_gpu_enable_pipelined_all_reduce": True,
+        **{option: xla_options.PIPELINING_ON for option in xla_options.PIPELINE.values()},
     },
     # Acyclic collective-permutes in while bodies become send/recv pairs
     # tagged _xla_send_recv_pipeline (also _xla_gpu_collective_stream="p2p").
@@ -65,7 +70,7 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
 
 # Names this script owns in the fixture directory; other files there (expected
 # outputs, READMEs) belong to other tools and are left alone.
-FIXTURE_NAME = re.compile(r"^[a-z0-9_]+\.[a-z0-9_]+\.(text|dump)\.hlo$")
+FIXTURE_NAME = re.compile(r"^[a-z0-9_]+\.[a-z0-9_]+\.(text|dump|hook)\.hlo$")
 
 
 @dataclass(frozen=True)
@@ -95,8 +100,8 @@ def jobs() -> list[Job]:
     for name in small:
         out.append(Job(name, "default", ("text",)))
         out.append(Job(name, "limit2", ("text",)))
-        out.append(Job(name, "limit4", ("text", "dump")))
-    out.append(Job("fsdp_scan", "limit4_pipelined", ("text", "dump")))
+        out.append(Job(name, "limit4", ("text", "dump", "hook")))
+    out.append(Job("fsdp_scan", "limit4_pipelined", ("text", "dump", "hook")))
     out.append(Job("ppermute_scan", "limit4_pp_enable", ("text", "dump")))
     out.append(Job("ppermute_scan", "limit4_pipelined_p2p", ("text",)))
     out.append(Job("large_transformer", "limit4", ("text",)))
@@ -120,8 +125,15 @@ def _shares(all_jobs: list[Job], n: int) -> list[list[Job]]:
 
 def run_jobs(my_jobs: list[Job], out: Path) -> None:
     """Compile `my_jobs` in this process and write their files into `out`."""
-    from xla_streams import aot, programs
+    from xla_streams import aot, jax_compat, programs, xla_module
 
+    seen_by_hook: dict[str, str] = {}
+
+    def capture(serialized: bytes) -> None:
+        name, text = xla_module.module_text(serialized)
+        seen_by_hook[name] = text
+
+    jax_compat.register_compile_hook("xla_streams_fixtures", capture, ["cuda"])
     topologies: dict[tuple[int, int], Any] = {}
     with aot.path_independent_locations(REPO, exclude_files=[aot.__file__, __file__]):
         for job in my_jobs:
@@ -130,11 +142,20 @@ def run_jobs(my_jobs: list[Job], out: Path) -> None:
             if key not in topologies:
                 topologies[key] = aot.gpu_topology(TARGET, *key)
             fn, args = program.build(topologies[key].devices)
+            seen_by_hook.clear()
             module = aot.compile_for_gpu(
                 fn, args, compiler_options=OPTION_SETS[job.options], dump="dump" in job.forms
             )
+            name = module.as_text.split(",", 1)[0].removeprefix("HloModule ").strip()
+            forms = {
+                "text": module.as_text,
+                "dump": module.dump_text,
+                "hook": seen_by_hook.get(name),
+            }
             for form in job.forms:
-                text = module.as_text if form == "text" else module.dump_text
+                text = forms[form]
+                if text is None:
+                    raise SystemExit(f"{job.filename(form)}: the hook saw no module {name}")
                 (out / job.filename(form)).write_text(text, encoding="utf-8")
 
 
@@ -167,6 +188,7 @@ def write_manifest(out: Path) -> None:
         "forms": {
             "text": "compiled.as_text()",
             "dump": "XLA dump (xla_dump_to) *after_optimizations.txt",
+            "hook": "the module the POST_SCHEDULER compile hook receives, as it prints it",
         },
         "files": files,
     }

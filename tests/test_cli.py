@@ -18,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from conftest import xla_parsable
 
 from xla_streams import cli
 from xla_streams.report import schema_problems
@@ -45,6 +46,7 @@ ENTRY %main (p: f32[256]) -> f32[256] {
   %p = f32[256]{0} parameter(0)
   %a = f32[256]{0} all-reduce-start(%p), channel_id=1, replica_groups={{0,1,2,3}}, use_global_device_ids=true, to_apply=%add
   %b = f32[256]{0} all-reduce-start(%p), channel_id=2, replica_groups={{0,1,2,3}}, use_global_device_ids=true, to_apply=%add
+  %e = f32[256]{0} exponential(%p)
   %a.done = f32[256]{0} all-reduce-done(%a)
   %b.done = f32[256]{0} all-reduce-done(%b)
   ROOT %s = f32[256]{0} add(%a.done, %b.done)
@@ -124,7 +126,8 @@ def test_command_help_lists_only_its_own_flags(
 
 def test_opt_help_lists_the_passes() -> None:
     out = xla_streams("opt", "-h").stdout.decode()
-    for name in ("find-async-pairs", "assign-streams{streams=4,policy=interval}", "verify-streams",
+    for name in ("find-async-pairs{overlap_limit=0,sync_on_compute=false,ffi=false}",
+                 "assign-streams{streams=4,policy=interval}", "verify-streams",
                  "annotate-streams"):  # fmt: skip
         assert f"\n  {name}\n" in out
 
@@ -350,7 +353,7 @@ def test_assign_output_is_accepted_by_xla_with_the_reported_streams(tmp_path: Pa
 
     from jaxlib import _hlo
 
-    printed = _hlo.hlo_module_from_text(out.read_text()).to_string()
+    printed = _hlo.hlo_module_from_text(xla_parsable(out.read_text())).to_string()
     annotation = {}
     for line in printed.splitlines():
         m = re.match(r"\s*(?:ROOT )?%(\S+) = ", line)
@@ -457,13 +460,17 @@ def test_import_time_has_no_jax() -> None:
 # -- demo dispatch ---------------------------------------------------------------------
 
 
-def test_demo_dispatches_its_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[list[str]] = []
+def test_demo_takes_its_flags_like_every_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[object, ...]] = []
     fake = ModuleType("xla_streams.demo")
-    fake.main = lambda argv: calls.append(argv) or 3  # type: ignore[attr-defined]
+    fake.Unavailable = RuntimeError  # type: ignore[attr-defined]
+    fake.run = lambda *args, **kwargs: calls.append((*args, kwargs["mode"]))  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "xla_streams.demo", fake)
-    assert cli.main(["demo", "--steps=2", "--help"]) == 3
-    assert calls == [["--steps=2", "--help"]]
+    assert cli.main(["demo", "--streams=2", "--mode=aot"], stdout=io.StringIO()) == 0
+    assert calls == [("transformer_step", 2, "interval", "aot")]
+    stderr = io.StringIO()
+    assert cli.main(["demo", "--streams=99"], stderr=stderr) == 2
+    assert "integer from 1 to 64" in stderr.getvalue()
 
 
 def test_demo_listed_even_without_its_module() -> None:

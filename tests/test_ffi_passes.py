@@ -15,15 +15,21 @@ import pytest
 from jaxlib import _hlo
 
 from xla_streams.hlo import Module, parse_module
-from xla_streams.pipeline import Compilation, PassManager, PipelineError
-from xla_streams.runtime import hook
+from xla_streams.pipeline import (
+    Compilation,
+    ModulePass,
+    PassManager,
+    PipelineError,
+    default_pipeline,
+    parse_pipeline,
+)
 
 HERE = os.path.dirname(__file__)
 CPU_FIXTURES = sorted(glob.glob(os.path.join(HERE, "ffi_fixtures", "*.hlo")))
 GPU_FIXTURES = sorted(glob.glob(os.path.join(HERE, "..", "hlo_fixtures", "*.text.hlo")))
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-HOST = hook.pipeline_spec("host", streams=4)
-CUDA = hook.pipeline_spec("cuda", streams=4)
+HOST = default_pipeline(4, runtime="host")
+CUDA = default_pipeline(4, runtime="cuda")
 
 
 def read(path: str) -> str:
@@ -31,9 +37,12 @@ def read(path: str) -> str:
         return f.read()
 
 
-def run(text: str, spec: str) -> tuple[Module, Compilation]:
+def run(text: str, passes: list[ModulePass] | str) -> tuple[Module, Compilation]:
+    """Run ``passes`` (or a pipeline spec) over the module ``text``."""
     module = parse_module(text)
-    return module, PassManager.from_spec(spec).run(Compilation(module))
+    if isinstance(passes, str):
+        passes = parse_pipeline(passes)
+    return module, PassManager(passes).run(Compilation(module))
 
 
 def backend_config(line: str) -> dict[str, str]:
@@ -319,15 +328,12 @@ def test_cuda_pipeline_on_gpu_fixtures(path: str) -> None:
 
 def test_cuda_lowering_passes_the_device_assignment() -> None:
     text = read(GPU_FIXTURES[0])
-    devices = ":".join(str(d) for d in (3, 1, 2, 0, 4, 5, 6, 7))
-    spec = CUDA.replace(
-        "lower-to-ffi{backend=cuda}", f"lower-to-ffi{{backend=cuda,devices={devices}}}"
-    )
-    module, _ = run(text, spec)
+    devices = (3, 1, 2, 0, 4, 5, 6, 7)
+    module, _ = run(text, default_pipeline(4, runtime="cuda", devices=devices))
     line = next(i.text for i in module.instructions() if "xla_streams_start" in i.text)
     assert backend_config(line)["device_ids"] == "array<i64: 3, 1, 2, 0, 4, 5, 6, 7>"
     with pytest.raises(PipelineError, match="devices lists 3 ids but the module has 8 devices"):
-        run(text, CUDA.replace("backend=cuda}", "backend=cuda,devices=0:1:2}"))
+        run(text, default_pipeline(4, runtime="cuda", devices=(0, 1, 2)))
 
 
 # -- the hook glue ----------------------------------------------------------------------
@@ -349,8 +355,9 @@ def field(number: int, payload: bytes | int) -> bytes:
     return varint(number << 3 | 2) + varint(len(payload)) + payload
 
 
-def test_pipeline_specs_parse() -> None:
-    for spec in (HOST, CUDA, hook.pipeline_spec("cuda", 2, "round-robin", "0:1")):
-        PassManager.from_spec(spec)
-    assert HOST.startswith("asyncify,find-async-pairs,assign-streams{streams=4")
-    assert hook.transform_text("HloModule m\n\nENTRY %e () -> f32[] {\n}\n", HOST) is None
+def test_default_pipelines_print_as_specs_that_parse_back() -> None:
+    for passes in (HOST, CUDA, default_pipeline(2, "round-robin", runtime="cuda", devices=(0, 1))):
+        assert parse_pipeline(",".join(p.spec() for p in passes)) == passes
+    assert [p.name for p in HOST] == [
+        "asyncify", "find-async-pairs", "assign-streams", "verify-streams", "lower-to-ffi",
+    ]  # fmt: skip

@@ -1,41 +1,28 @@
-"""Native mode, proven without a GPU: XLA puts each collective on the stream we assign.
+"""Native mode, proven without a GPU: XLA runs each collective on the stream we assign.
 
-Runs ``scripts/prove_native_streams.py`` (deviceless 8 x H100 compiles of the
-demo's transformer step; see its docstring for the method) and the demo. Both
-need the ``gpu-aot`` extra (jax[cuda12]); without it they are skipped.
+Runs ``scripts/prove_native_streams.py`` (deviceless compiles for 8 H100s through
+the real plugin hook; see its docstring for the method) on three embedded
+programs, which together put all five async kinds on streams other than 0, and
+the demo. They need the ``gpu-aot`` extra, which ``make test`` installs.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+
+import pytest
+
+from xla_streams import jax_compat
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "prove_native_streams.py"
-
-
-def needs_gpu_aot(test: Any) -> Any:
-    """Deviceless GPU compiles need the gpu-aot extra, which `make test` installs."""
-    assert importlib.util.find_spec("jax_cuda12_plugin") is not None, (
-        "install the gpu-aot extra: pip install -e '.[test,gpu-aot]'"
-    )
-    return test
-
-
-def _load_script(path: Path = SCRIPT) -> Any:
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))  # gpu_check_native imports prove_native_streams
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+assert jax_compat.cuda_plugin_module() is not None, (
+    "install the gpu-aot extra: pip install -e '.[test,gpu-aot]'"
+)
 
 
 def _env() -> dict[str, str]:
@@ -46,8 +33,59 @@ def _env() -> dict[str, str]:
     return environ
 
 
+def _prove(tmp_path: Path, program: str, policy: str, *extra: str) -> dict[str, object]:
+    out = tmp_path / f"{program}.json"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--program", program, "--policy", policy,
+         "--out", str(tmp_path / program), "--json", str(out), *extra],
+        env=_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    proof: dict[str, object] = json.loads(out.read_text())
+    return proof
+
+
+def test_xla_runs_every_async_kind_on_the_assigned_stream(tmp_path: Path) -> None:
+    off_stream_0: set[str] = set()
+    for program, policy in (
+        ("transformer_step", "interval"),
+        ("moe_all_to_all", "round-robin"),  # round-robin: consecutive units on other streams
+        ("ppermute_pipeline", "round-robin"),
+    ):
+        proof = _prove(tmp_path, program, policy)
+        assert proof["ok"], proof["checks"]
+        rows = proof["rows"]
+        assert isinstance(rows, list)
+        on_streams = [r for r in rows if r["stream"] is not None]
+        assert on_streams and all(r["thunk"] == r["stream"] for r in on_streams)
+        assert all(r["plain"] == 0 for r in on_streams)  # XLA alone: one stream
+        # What the report puts on the compute stream has no async thunk.
+        assert all(r["thunk"] is None for r in rows if r["stream"] is None)
+        report = json.loads(Path(str(proof["report"])).read_text())
+        assert {r["start"]: r["stream"] for r in rows} == {
+            c["start"]: c["stream"] for c in report["collectives"]
+        }
+        off_stream_0 |= {r["kind"] for r in on_streams if r["stream"] != 0}
+    assert off_stream_0 == {
+        "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
+    }  # fmt: skip
+
+
+def test_our_annotations_win_over_xlas_own_multi_streaming(tmp_path: Path) -> None:
+    """With xla_gpu_experimental_enable_collective_multi_streaming, XLA alone alternates
+    streams 0 and 1; with the plugin every collective runs where our report says."""
+    proof = _prove(tmp_path, "transformer_step", "interval", "--multi-streaming")
+    assert proof["ok"], proof["checks"]
+    rows = proof["rows"]
+    assert isinstance(rows, list)
+    assert {r["plain"] for r in rows if r["stream"] is not None} == {0, 1}
+    assert all(r["thunk"] == r["stream"] for r in rows if r["stream"] is not None)
+
+
 def test_thunk_dump_reading() -> None:
-    prove = _load_script()
+    sys.path.insert(0, str(SCRIPT.parent))
+    from prove_native_streams import thunk_streams
+
     sequence = (
         "002: kAsyncStart   [source | next=005 (3) ] stream=communication_stream[0], async_id=2\n"
         "    001: kAllGather [source | sink] kAllGather\n"
@@ -62,88 +100,25 @@ def test_thunk_dump_reading() -> None:
         'thunk_metadata {\n  thunk_info {\n    profile_annotation: "reduce-scatter-start.1"\n'
         '    thunk_id: 13\n  }\n  thunk_kind: "kAsyncStart"\n}\n'
     )
-    streams = prove.thunk_streams(sequence, metadata)
-    assert streams == {"all-gather-start": 0, "reduce-scatter-start.1": 3}
-    text = '  %ar = f32[8]{0} all-reduce-start(%p), frontend_attributes={_xla_streams_id="3,4"}'
-    assert prove.tags_of("HloModule m\n" + text) == {"ar": (3, 4)}
+    assert thunk_streams(sequence, metadata) == {"all-gather-start": 0, "reduce-scatter-start.1": 3}
 
 
-def test_gpu_check_reads_xlas_runtime_log() -> None:
-    check = _load_script(REPO / "scripts" / "gpu_check_native.py")
-    report = {
-        "collectives": [
-            {"start": "ag", "stream": 0},
-            {"start": "ar", "stream": 1},
-            {"start": "sync", "stream": None},
-        ]
-    }
-    line = "I1129 12:00:00.1 77 async_thunk.cc:70] [{d}] Execute async for `{n}`: stream_id={k}, stream={p}"
-    log = "\n".join(
-        line.format(d=d, n=n, k=k, p=f"0x{d}{k}0")
-        for d in (0, 1)
-        for n, k in (("ag", 0), ("ar", 1), ("sync", 0))
-    )
-    ok, why = check.check_runtime_log(log, report)
-    assert ok, why
-    wrong = log.replace("`ar`: stream_id=1", "`ar`: stream_id=0")
-    assert not check.check_runtime_log(wrong, report)[0]
-    one_stream = log.replace("stream=0x010", "stream=0x000")
-    assert not check.check_runtime_log(one_stream, report)[0]
-    assert not check.check_runtime_log("nothing ran", report)[0]
-
-
-@needs_gpu_aot
-def test_xla_runs_each_collective_on_the_assigned_stream(tmp_path: Path) -> None:
-    out = tmp_path / "proof.json"
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "dumps"), "--json", str(out)],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    proof = json.loads(out.read_text())
-    assert proof["ok"] and proof["program"] == "transformer_step"
-    assert set(proof["checks"].values()) == {"ok"}, proof["checks"]
-    done, total = proof["coverage"]
-    assert done == total > 0  # every pair the report puts on a stream was checked
-    rows = proof["rows"]
-    on_streams = [r for r in rows if r["stream"] is not None]
-    assert {r["thunk"] for r in on_streams} == {r["stream"] for r in on_streams}
-    assert len({r["stream"] for r in on_streams}) >= 2  # the collectives really are spread
-    assert {r["baseline"] for r in rows} == {0}  # XLA alone: one stream
-    assert all(r["thunk"] == r["stream"] for r in on_streams)
-    report = json.loads(Path(proof["report"]).read_text())
-    by_start = {c["start"]: c["stream"] for c in report["collectives"]}
-    assert {r["start"]: r["stream"] for r in rows} == by_start
-    assert "communication_stream[1]" in result.stdout
-    # The GPU check's file checks pass on the annotated build and fail without annotations.
-    check = _load_script(REPO / "scripts" / "gpu_check_native.py")
-    dumps = tmp_path / "dumps"
-    assert check.check_thunks(str(dumps / "annotated"), report)[0]
-    assert not check.check_thunks(str(dumps / "tagged"), report)[0]
-    assert check.check_debug_options(str(dumps / "annotated"), "jit_step", 4)[0]
-    assert not check.check_debug_options(str(dumps / "annotated"), "jit_step", 8)[0]
-
-
-@needs_gpu_aot
-def test_demo_without_a_gpu(tmp_path: Path) -> None:
+@pytest.mark.parametrize("streams", [4])
+def test_demo_without_a_gpu(tmp_path: Path, streams: int) -> None:
     reports = tmp_path / "reports"
     result = subprocess.run(
-        [sys.executable, "-m", "xla_streams.cli", "demo", "--report-dir", str(reports)],
+        [sys.executable, "-m", "xla_streams", "demo", f"--streams={streams}",
+         f"--report-dir={reports}"],
         env={k: v for k, v in _env().items() if k != "JAX_PLATFORMS"},
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     out = result.stdout
     assert "compiled for 8 x H100 without a GPU" in out
     assert "module jit_step: 48 async pairs" in out
     (json_path,) = reports.glob("jit_step.*.json")
-    assert f"report (JSON, schema xla_streams.assignment.v1): {json_path}" in out
+    assert f"report (JSON, schema xla_streams.assignment.v2): {json_path}" in out
     report = json.loads(json_path.read_text())
-    assert report["streams"] == 4 and report["summary"]["streams_used"] >= 2
+    assert report["streams"] == streams and report["summary"]["streams_used"] >= 2
     assert json_path.with_suffix(".txt").read_text() in out
+    assert not list(tmp_path.glob("xla_streams_*"))  # nothing left in the working directory

@@ -28,6 +28,7 @@ MODULE = """HloModule m, is_scheduled=true, num_partitions=2
 ENTRY %main (p: f32[8]) -> f32[8] {
   %p = f32[8]{0} parameter(0)
   %ar = f32[8]{0} all-reduce-start(%p), channel_id=1, replica_groups={{0,1}}, use_global_device_ids=true, to_apply=%add
+  %e = f32[8]{0} exponential(%p)
   ROOT %ar.done = f32[8]{0} all-reduce-done(%ar)
 }
 """
@@ -66,7 +67,11 @@ def test_spec_builds_passes_with_typed_options() -> None:
         ("assign-streams{streams=four}", "streams must be an integer, not 'four'"),
         ("assign-streams{policy=random}", "policy=random is not one of interval, round-robin"),
         ("assign-streams{colour=red}", "bad option 'colour=red'; options: streams=<int>"),
-        ("find-async-pairs{x=1}", "bad option 'x=1'; options: none"),
+        ("verify-streams{x=1}", "bad option 'x=1'; options: none"),
+        (
+            "find-async-pairs{x=1}",
+            "bad option 'x=1'; options: overlap_limit=<int>, sync_on_compute=<bool>",
+        ),
         ("find-async-pairs,,", "bad pipeline spec"),
     ],
 )

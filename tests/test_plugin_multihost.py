@@ -5,7 +5,7 @@ coordinator, 4 host devices each: 8 devices in all), both with the plugin on
 from the environment, and compile the same sharded program over all 8 devices.
 XLA:CPU keeps collectives synchronous (no start/done pairs), so each process
 also hands a real scheduled 8-GPU module (a fixture, many async pairs) to the
-hook's own entry point, ``plugin.transform``, exactly as XLA would. The report
+plugin's registered hook (``plugin.run_hook``), exactly as XLA would. The report
 folders of the two processes must hold the same files with the same bytes.
 """
 
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-FIXTURE = REPO / "hlo_fixtures" / "transformer_step.limit4.text.hlo"
+FIXTURE = REPO / "hlo_fixtures" / "transformer_step.limit4.hook.hlo"
 
 WORKER = """
 import sys
@@ -28,7 +28,9 @@ from pathlib import Path
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-process_id, port, fixture = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+process_id, port, fixture, tests = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+sys.path.insert(0, tests)
+from conftest import xla_parsable
 jax.distributed.initialize(
     coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=process_id,
     initialization_timeout=60,
@@ -46,14 +48,15 @@ x = jax.ShapeDtypeStruct((64, 128), jnp.float32, sharding=NamedSharding(mesh, P(
 f.lower(x).compile()
 
 from jaxlib import _hlo
-from xla_streams import plugin, xla_module
+from xla_streams import hook, plugin, xla_module
 
 # A module from text has no static device assignment; XLA's own compile gives the
 # hook one (HloModuleProto.device_assignment): 1 replica x 8 partitions here.
 assignment = xla_module.device_assignment_field(xla_module.DeviceAssignment(1, 8, tuple(range(8))))
-proto = _hlo.hlo_module_from_text(Path(fixture).read_text()).as_serialized_hlo_module_proto()
-changed = plugin.transform(proto + assignment)
-print("fixture annotated:", changed is not None, "failed:", plugin.stats().failed)
+text = xla_parsable(Path(fixture).read_text())
+proto = _hlo.hlo_module_from_text(text).as_serialized_hlo_module_proto()
+changed = plugin.run_hook(proto + assignment)
+print("fixture annotated:", changed is not None, "failed:", hook.stats().failed)
 jax.distributed.shutdown()
 """
 
@@ -81,7 +84,7 @@ def test_two_processes_write_identical_reports(tmp_path: Path) -> None:
         )
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(worker), str(i), str(port), str(FIXTURE)],
+                [sys.executable, str(worker), str(i), str(port), str(FIXTURE), str(REPO / "tests")],
                 env=environ,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -102,13 +105,17 @@ def test_two_processes_write_identical_reports(tmp_path: Path) -> None:
         assert "fixture annotated: True failed: 0" in out, out + err
 
     first, second = tmp_path / "reports_0", tmp_path / "reports_1"
-    names = sorted(p.name for p in first.iterdir())
-    assert names == sorted(p.name for p in second.iterdir())
+    def listed(folder: Path) -> list[str]:
+        return sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+
+    names = listed(first)
+    assert names == listed(second)
     for name in names:
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
     # Both kinds of module are there: the job's own (CPU: no async pairs) and the
     # 8-GPU one, whose assignment really spreads pairs over streams.
     reports = {p.name.split(".")[0]: json.loads(p.read_text()) for p in first.glob("*.json")}
     assert reports["jit_sharded"]["summary"]["async_pairs"] == 0
+    assert reports["jit_sharded"]["summary"]["synchronous_collectives"] == 3
     assert reports["jit_step"]["summary"]["async_pairs"] > 0
     assert reports["jit_step"]["summary"]["streams_used"] >= 2

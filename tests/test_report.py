@@ -1,4 +1,4 @@
-"""Reports of a stream assignment: the JSON (schema v1), the table, the short forms,
+"""Reports of a stream assignment: the JSON (schema v2), the table, the short forms,
 and atomic_write.
 
 The expectations come from reading the small modules below (which pairs overlap,
@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from xla_streams._io import atomic_write, atomic_write_many
+from xla_streams.collectives import StreamModel
 from xla_streams.hlo import parse_module
-from xla_streams.pipeline import Compilation, PassManager
+from xla_streams.pipeline import Compilation, PassManager, default_pipeline
 from xla_streams.report import (
     SCHEMA,
     build_report,
@@ -31,10 +32,12 @@ from xla_streams.report import (
 
 # Eight devices as a 2x4 mesh: %tp and %tp2 reduce over the rows {0..3},{4..7},
 # %dp over the columns {0,4},{1,5},... . All three are in flight together
-# (positions 1..4, 2..5, 3..6). %tp and %tp2 share four devices, so the deadlock
-# rule ties them to one stream; %dp shares at most one device with either and may
-# run beside them. %sync is synchronous: no stream. %cp is a permute in a while
-# body, alone in flight there but inside the span of nothing else.
+# (positions 1..5, 2..6, 3..7, with work at 4). %tp and %tp2 share four devices, so
+# the deadlock rule ties them to one stream; %dp shares at most one device with
+# either and may run beside them. %sync is synchronous: on jax >= 0.11 (the model
+# these tests use) on the compute stream, no collective stream. %cp is a permute in
+# a while body, alone in flight there but inside the span of nothing else.
+JAX_11 = StreamModel(overlap_limit=4, sync_on_compute=True)
 MODULE = """HloModule mesh, is_scheduled=true, num_partitions=8
 
 %add (lhs: f32[], rhs: f32[]) -> f32[] {
@@ -55,6 +58,7 @@ MODULE = """HloModule mesh, is_scheduled=true, num_partitions=8
   %bi = s32[] get-tuple-element(%b), index=0
   %bv = f32[1024]{0} get-tuple-element(%b), index=1
   %cp = (f32[1024]{0}, f32[1024]{0}) collective-permute-start(%bv), channel_id=5, source_target_pairs={{0,1},{1,2},{2,3},{3,4},{4,5},{5,6},{6,7},{7,0}}
+  %bw = f32[1024]{0} exponential(%bv)
   %cp.done = f32[1024]{0} collective-permute-done(%cp)
   %one = s32[] constant(1)
   %next = s32[] add(%bi, %one)
@@ -66,6 +70,7 @@ ENTRY %main (p: f32[1024]) -> f32[1024] {
   %tp = f32[1024]{0} all-reduce-start(%p), channel_id=1, replica_groups={{0,1,2,3},{4,5,6,7}}, use_global_device_ids=true, to_apply=%add
   %dp = f32[1024]{0} all-reduce-start(%p), channel_id=2, replica_groups=[4,2]<=[2,4]T(1,0), use_global_device_ids=true, to_apply=%add
   %tp2 = f32[1024]{0} all-reduce-start(%p), channel_id=3, replica_groups={{0,1,2,3},{4,5,6,7}}, use_global_device_ids=true, to_apply=%add
+  %work = f32[1024]{0} exponential(%p)
   %tp.done = f32[1024]{0} all-reduce-done(%tp)
   %dp.done = f32[1024]{0} all-reduce-done(%dp)
   %tp2.done = f32[1024]{0} all-reduce-done(%tp2)
@@ -82,9 +87,11 @@ ENTRY %main (p: f32[1024]) -> f32[1024] {
 """
 
 
-def compile_(streams: int = 4, policy: str = "interval", text: str = MODULE) -> Compilation:
-    spec = f"find-async-pairs,assign-streams{{streams={streams},policy={policy}}},verify-streams"
-    return PassManager.from_spec(spec).run(Compilation(parse_module(text, "mesh.hlo")))
+def compile_(
+    streams: int = 4, policy: str = "interval", text: str = MODULE, model: StreamModel = JAX_11
+) -> Compilation:
+    passes = default_pipeline(streams, policy, runtime=None, model=model)  # type: ignore[arg-type]
+    return PassManager(passes).run(Compilation(parse_module(text, "mesh.hlo")))
 
 
 def by_start(report: dict[str, object]) -> dict[str, dict[str, object]]:
@@ -94,7 +101,7 @@ def by_start(report: dict[str, object]) -> dict[str, dict[str, object]]:
 def test_json_fields_follow_the_schema_and_the_module() -> None:
     report = build_report(compile_())
     assert list(report)[:6] == ["schema", "module", "streams", "policy", "collectives", "summary"]
-    assert report["schema"] == SCHEMA == "xla_streams.assignment.v1"
+    assert report["schema"] == SCHEMA == "xla_streams.assignment.v2"
     assert (report["module"], report["streams"], report["policy"]) == ("mesh", 4, "interval")
     c = by_start(report)
     assert set(c) == {"tp", "dp", "tp2", "sync", "cp"}
@@ -104,22 +111,30 @@ def test_json_fields_follow_the_schema_and_the_module() -> None:
         "done": "tp.done",
         "kind": "all-reduce",
         "start_index": 1,
-        "done_index": 4,
+        "done_index": 5,
         "sync": False,
         "pipelined": False,
+        "runs_on": "communication",
         "stream": c["tp"]["stream"],
+        "calls": 1,
         "groups": [[0, 1, 2, 3], [4, 5, 6, 7]],
         "bytes": 4096,
         "serialized_by": None,
+        "reassigned": None,
     }
     assert c["dp"]["groups"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    assert (c["cp"]["computation"], c["cp"]["start_index"], c["cp"]["done_index"]) == ("body", 3, 4)
+    assert (c["cp"]["computation"], c["cp"]["start_index"], c["cp"]["done_index"]) == ("body", 3, 5)
     assert c["cp"]["groups"] == [[i, (i + 1) % 8] for i in range(8)]
     # The rule ties tp2 to tp; dp runs beside them; sync gets none.
     assert c["tp2"]["stream"] == c["tp"]["stream"] != c["dp"]["stream"]
     assert c["tp2"]["serialized_by"] == "rule"
     assert c["sync"]["sync"] is True and c["sync"]["stream"] is None
+    assert c["sync"]["runs_on"] == "compute"
     assert schema_problems(report) == []
+    # Compiled with settings unknown, the sync one may be XLA 0.10's async thunk on
+    # stream 0: it is assumed so, and takes part in the rule.
+    unknown = by_start(build_report(compile_(model=StreamModel())))
+    assert (unknown["sync"]["runs_on"], unknown["sync"]["stream"]) == ("communication", 0)
 
 
 def test_summary_counts() -> None:
@@ -195,7 +210,8 @@ def test_json_is_identical_across_processes() -> None:
     ("mutate", "complaint"),
     [
         (lambda r: r.pop("schema"), "missing 'schema'"),
-        (lambda r: r.__setitem__("schema", "xla_streams.assignment.v2"), "report.schema"),
+        (lambda r: r.__setitem__("schema", "xla_streams.assignment.v1"), "report.schema"),
+        (lambda r: r["collectives"][0].__setitem__("runs_on", "gpu"), "runs_on"),
         (lambda r: r["collectives"][0].pop("start"), "missing 'start'"),
         (lambda r: r["collectives"][0].__setitem__("start_index", "1"), "start_index"),
         (lambda r: r["collectives"][0].__setitem__("stream", None), "null exactly when"),
@@ -226,7 +242,7 @@ def test_table_rows_and_summary() -> None:
     ]  # fmt: skip
     rows = {line.split()[1]: line for line in lines[2:7]}
     assert set(rows) == {"tp", "dp", "tp2", "sync", "cp"}
-    assert rows["tp"].split()[:6] == ["all-reduce", "tp", "main", "1..4", "0", "2x{0..3}"]
+    assert rows["tp"].split()[:6] == ["all-reduce", "tp", "main", "1..5", "0", "2x{0..3}"]
     assert "4.0 KiB" in rows["tp"]
     assert rows["dp"].split()[5] == "4x{0,4}"
     assert "8 pairs 0->1..7->0" in rows["cp"]

@@ -1,14 +1,17 @@
-"""The cost model, the schedule simulator and its pictures.
+"""The cost model, the schedule simulator, its calibration and its pictures.
 
 The hand-built modules have answers worked out on paper: every expected value is
 computed here from the documented constants of ``targets.py`` with the formula
-written out, and the simulator must match it exactly (to rounding). Then every
-fixture is simulated, the trace and HTML are checked for structure, and the HTML
-is rendered in headless Chromium and its screenshot inspected.
+written out, and the simulator must match it exactly (to rounding). Each async
+pair has work between its start and done, as in real schedules (XLA makes a pair
+with nothing in between synchronous). Then every fixture is simulated, the
+trace and HTML are checked for structure, and the HTML is rendered in headless
+Chromium: its screenshot inspected and its zoom script seen to run.
 """
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import io
 import itertools
@@ -26,23 +29,35 @@ from types import ModuleType
 
 import pytest
 
+from xla_streams.collectives import StreamModel
 from xla_streams.hlo import parse_module
 from xla_streams.passes.assign_streams import assign_streams
 from xla_streams.pipeline import Compilation, PassManager
 from xla_streams.simulate import Simulator, collective_cost, get_target, what_if
+from xla_streams.simulate.calibration import (
+    SCHEMA,
+    Calibration,
+    CalibrationError,
+    compare_kernel_classes,
+    load_calibration,
+)
 from xla_streams.simulate.command import (
     format_what_if,
     parse_policies,
     parse_streams,
-    record_timelines,
     simulate_command,
-    write_visual_report,
 )
 from xla_streams.simulate.cost import CostModel
-from xla_streams.simulate.html import KIND_COLORS, LANE_BACKGROUNDS, render_html
-from xla_streams.simulate.simulator import COMPUTE_LANE, WhatIf
+from xla_streams.simulate.html import KIND_COLORS, LANE_BACKGROUNDS, OVERSAMPLE, render_html
+from xla_streams.simulate.simulator import (
+    COMPUTE_LANE,
+    LOWER_BOUND_LABEL,
+    RULE_BOUND_LABEL,
+    WhatIf,
+)
 from xla_streams.simulate.targets import Target, TargetError, load_target, target_with_overrides
 from xla_streams.simulate.trace import lane_tid, trace_events
+from xla_streams.simulate.visual import record_timelines, write_visual_report
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = sorted((REPO / "hlo_fixtures").glob("*.hlo"))
@@ -65,8 +80,15 @@ def memory(t: Target = H100) -> float:
     return t.memory_bandwidth * t.memory_efficiency
 
 
-def predict(text: str, target: Target = H100, streams=(1, 2), policies=("interval",)) -> WhatIf:
-    return what_if(parse_module(text), target, streams, policies)
+def predict(
+    text: str, target: Target = H100, streams=(1, 2), policies=("interval",), model=None
+) -> WhatIf:
+    return what_if(parse_module(text), target, streams, policies, model=model)
+
+
+def negate(elements: int, t: Target = H100) -> float:
+    """An f32 negate of ``elements``: read and write them, plus the kernel overhead."""
+    return 2 * elements * 4 / memory(t) + t.kernel_overhead
 
 
 ADD = """%add (x: f32[], y: f32[]) -> f32[] {
@@ -88,9 +110,10 @@ ENTRY %main (p0: f32[1024,1024], p1: f32[2048,1024]) -> (f32[4096,1024], f32[409
   %p1 = f32[2048,1024]{1,0} parameter(1)
   %ag.a = (f32[1024,1024]{1,0}, f32[4096,1024]{1,0}) all-gather-start(%p0), channel_id=1, replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={0}, use_global_device_ids=true
   %ag.b = (f32[2048,1024]{1,0}, f32[4096,1024]{1,0}) all-gather-start(%p1), channel_id=2, replica_groups={{0,4},{1,5},{2,6},{3,7}}, dimensions={0}, use_global_device_ids=true
+  %w = f32[1024,1024]{1,0} negate(%p0)
   %ag.a.done = f32[4096,1024]{1,0} all-gather-done(%ag.a)
   %ag.b.done = f32[4096,1024]{1,0} all-gather-done(%ag.b)
-  ROOT %t = (f32[4096,1024]{1,0}, f32[4096,1024]{1,0}) tuple(%ag.a.done, %ag.b.done)
+  ROOT %t = (f32[4096,1024]{1,0}, f32[4096,1024]{1,0}, f32[1024,1024]{1,0}) tuple(%ag.a.done, %ag.b.done, %w)
 }
 """
 
@@ -118,9 +141,12 @@ def test_two_independent_collectives_one_stream_vs_two() -> None:
     # One stream: B starts when A is done. Two: both run at once on separate links.
     assert one.step_time == pytest.approx(t_a + t_b, rel=REL)
     assert two.step_time == pytest.approx(max(t_a, t_b), rel=REL)
-    assert what.lower_bound.step_time == pytest.approx(max(t_a, t_b), rel=REL)
-    # Nothing to hide behind: all of it is exposed.
-    assert one.exposed_communication == pytest.approx(t_a + t_b, rel=REL)
+    for bound in (what.lower_bound, what.rule_bound):
+        assert bound.step_time == pytest.approx(max(t_a, t_b), rel=REL)
+    # Only the small negate to hide behind: the rest is exposed.
+    t_w = negate(1024 * 1024, target)
+    assert t_w < min(t_a, t_b)
+    assert one.exposed_communication == pytest.approx(t_a + t_b - t_w, rel=REL)
     assert one.lane_busy[0] == pytest.approx(t_a + t_b, rel=REL)
     assert two.lane_busy[0] == pytest.approx(t_a, rel=REL)
     assert two.lane_busy[1] == pytest.approx(t_b, rel=REL)
@@ -163,7 +189,7 @@ def test_collective_fully_hidden_behind_a_dot() -> None:
     )
     assert what.specs[0].cost.seconds == pytest.approx(t_ar, rel=REL)
     assert t_ar < t_dot  # the paper's premise: it fits behind the dot
-    for result in (*what.results.values(), what.lower_bound):
+    for result in (*what.results.values(), what.lower_bound, what.rule_bound):
         assert result.step_time == pytest.approx(t_dot, rel=REL)
         assert result.exposed_communication == 0.0
         assert result.compute_time == pytest.approx(t_dot, rel=REL)
@@ -180,6 +206,7 @@ ENTRY %main (p0: f32[2048,1024], p1: f32[4096,1024]) -> (f32[4096,1024], f32[819
   %p1 = f32[4096,1024]{1,0} parameter(1)
   %ag.a = (f32[2048,1024]{1,0}, f32[4096,1024]{1,0}) all-gather-start(%p0), channel_id=1, replica_groups={{0,1},{2,3},{4,5},{6,7}}, dimensions={0}, use_global_device_ids=true
   %ag.b = (f32[4096,1024]{1,0}, f32[8192,1024]{1,0}) all-gather-start(%p1), channel_id=2, replica_groups={{0,2},{1,3},{4,6},{5,7}}, dimensions={0}, use_global_device_ids=true
+  %w = f32[2048,1024]{1,0} negate(%p0)
   %ag.a.done = f32[4096,1024]{1,0} all-gather-done(%ag.a)
   %ag.b.done = f32[8192,1024]{1,0} all-gather-done(%ag.b)
   ROOT %t = (f32[4096,1024]{1,0}, f32[8192,1024]{1,0}) tuple(%ag.a.done, %ag.b.done)
@@ -208,6 +235,8 @@ def test_bandwidth_sharing_of_two_collectives_on_the_same_links() -> None:
     assert what.result(2, "interval").step_time == pytest.approx(two_streams, rel=REL)
     assert what.result(1, "interval").step_time == pytest.approx(one_stream, rel=REL)
     assert what.lower_bound.step_time == pytest.approx(latency + w_b / bw, rel=REL)
+    # The negate hides behind A whatever K is.
+    assert negate(2048 * 1024) < latency + w_a / bw
     # The recorded timeline shows A ending at L + 2 W_A/B.
     sim = Simulator(parse_module(SHARED), H100)
     recorded = sim.run(what.assignments[(2, "interval")], record=True)
@@ -229,10 +258,11 @@ ENTRY %main (p0: f32[2048,1024], p1: f32[2048,1024], x: f32[N]) -> (f32[4096,102
   %x = f32[N]{0} parameter(2)
   %ag.a = (f32[2048,1024]{1,0}, f32[4096,1024]{1,0}) all-gather-start(%p0), channel_id=1, replica_groups={{0,1},{2,3},{4,5},{6,7}}, dimensions={0}, use_global_device_ids=true
   %ag.b = (f32[2048,1024]{1,0}, f32[4096,1024]{1,0}) all-gather-start(%p1), channel_id=2, replica_groups={{0,2},{1,3},{4,6},{5,7}}, dimensions={0}, use_global_device_ids=true
+  %w = f32[2048,1024]{1,0} negate(%p0)
   %ag.a.done = f32[4096,1024]{1,0} all-gather-done(%ag.a)
   %work = f32[N]{0} negate(%x)
   %ag.b.done = f32[4096,1024]{1,0} all-gather-done(%ag.b)
-  ROOT %t = (f32[4096,1024]{1,0}, f32[4096,1024]{1,0}, f32[N]) tuple(%ag.a.done, %ag.b.done, %work)
+  ROOT %t = (f32[4096,1024]{1,0}, f32[4096,1024]{1,0}, f32[N]) tuple(%ag.a.done, %ag.b.done, %work, %w)
 }
 """.replace("N]", "8388608]")
 
@@ -242,7 +272,8 @@ def test_more_streams_can_be_slower_and_the_table_says_why() -> None:
     bw = nvlink()
     latency = SIMPLE.ring_base_latency + SIMPLE.ring_step_latency_nvlink
     w = 1 / 2 * (4096 * 1024 * 4)
-    work = 2 * 8388608 * 4 / memory() + H100.kernel_overhead  # negate: read + write
+    work = negate(8388608)
+    assert negate(2048 * 1024) < latency + w / bw  # the small negate hides behind A
     # K=1: A at L + W/B, work after it; B queued behind A ends at 2L + 2W/B.
     one = max(latency + w / bw + work, 2 * latency + 2 * w / bw)
     # K=2: A and B share the links and both end at L + 2W/B; then the work.
@@ -252,6 +283,14 @@ def test_more_streams_can_be_slower_and_the_table_says_why() -> None:
     assert two > one
     [why] = what.non_monotone()
     assert "K=2" in why and "share link bandwidth" in why
+    # The pairs are named: the compute stream waits W/B longer for A, because B shares
+    # A's links on the other stream.
+    waited = f"{w / bw * 1e6:.1f} us"
+    assert (
+        f"%ag.a (all-gather, collective stream 0) is waited for {waited} longer; it shares "
+        "link bandwidth with %ag.b (collective stream 1)"
+    ) in why
+    assert what.explanations == {(2, "interval"): why}
     assert "note: interval: K=2" in format_what_if(what)
 
 
@@ -393,14 +432,95 @@ ENTRY %main (g: f32[1048576]) -> f32[1048576] {{
 """
 
 
-def test_sync_pairs_run_on_the_compute_stream() -> None:
+def test_sync_pairs_run_where_xla_runs_them() -> None:
+    # Settings unknown (the safe assumption): XLA's async thunk on stream 0.
     what = predict(SYNC)
     t_ar = what.specs[0].cost.seconds
-    assert what.assignments[(2, "interval")].stream_of == {"ar": None}
-    for result in (*what.results.values(), what.lower_bound):
-        assert result.step_time == pytest.approx(t_ar, rel=REL)
-        assert result.exposed_communication == pytest.approx(t_ar, rel=REL)
-        assert set(result.lane_busy) == {COMPUTE_LANE}
+    assert what.assignments[(2, "interval")].stream_of == {"ar": 0}
+    # jax >= 0.11: on the compute stream.
+    on_compute = predict(SYNC, model=StreamModel(sync_on_compute=True))
+    assert on_compute.assignments[(2, "interval")].stream_of == {"ar": None}
+    for w, lanes in ((what, {COMPUTE_LANE, 0}), (on_compute, {COMPUTE_LANE})):
+        for result in (*w.results.values(), w.lower_bound, w.rule_bound):
+            assert result.step_time == pytest.approx(t_ar, rel=REL)
+            assert result.exposed_communication == pytest.approx(t_ar, rel=REL)
+            assert {lane for lane, busy in result.lane_busy.items() if busy > 0} <= lanes
+    assert "collective stream 0 (sync: XLA pins it there)" in format_what_if(what)
+    assert "compute stream (sync" in format_what_if(on_compute)
+
+
+# Issue 9's module: an async all-reduce inside each host, an async all-gather
+# across hosts, and a sync all-reduce over all 8 devices inside both intervals.
+SYNC_INSIDE = f"""HloModule sync_inside, is_scheduled=true, num_partitions=8
+
+{ADD}
+ENTRY %main (a: f32[4194304], b: f32[1048576], c: f32[1048576], v: f32[1024]) -> (f32[4194304], f32[8388608], f32[1048576], f32[1024]) {{
+  %a = f32[4194304]{{0}} parameter(0)
+  %b = f32[1048576]{{0}} parameter(1)
+  %c = f32[1048576]{{0}} parameter(2)
+  %v = f32[1024]{{0}} parameter(3)
+  %ar1 = f32[4194304]{{0}} all-reduce-start(%a), channel_id=1, replica_groups={{{{0,1,2,3}},{{4,5,6,7}}}}, use_global_device_ids=true, to_apply=%add
+  %ag = (f32[1048576]{{0}}, f32[8388608]{{0}}) all-gather-start(%b), channel_id=2, replica_groups={{{{0,4}},{{1,5}},{{2,6}},{{3,7}}}}, dimensions={{0}}, use_global_device_ids=true
+  %w = f32[1024]{{0}} negate(%v)
+  %ar2 = f32[1048576]{{0}} all-reduce-start(%c), channel_id=3, replica_groups={{{{0,1,2,3,4,5,6,7}}}}, use_global_device_ids=true, to_apply=%add, backend_config={{"collective_backend_config":{{"is_sync":true}}}}
+  %ar2.done = f32[1048576]{{0}} all-reduce-done(%ar2)
+  %ar1.done = f32[4194304]{{0}} all-reduce-done(%ar1)
+  %ag.done = f32[8388608]{{0}} all-gather-done(%ag)
+  ROOT %t = (f32[4194304]{{0}}, f32[8388608]{{0}}, f32[1048576]{{0}}, f32[1024]{{0}}) tuple(%ar1.done, %ag.done, %ar2.done, %w)
+}}
+"""
+
+
+def test_a_sync_pair_on_stream_0_queues_behind_what_is_there() -> None:
+    what = predict(SYNC_INSIDE, streams=(1, 2, 4))
+    t1, t2, t3 = (spec.cost.seconds for spec in what.specs)
+    # The sync all-reduce shares 2+ devices with both async pairs while they are in
+    # flight: the deadlock rule ties all three to stream 0, where XLA runs it.
+    for k in (1, 2, 4):
+        assert set(what.assignments[(k, "interval")].stream_of.values()) == {0}
+        # It queues behind both; the compute stream waits for it after the negate.
+        assert what.result(k, "interval").step_time == pytest.approx(t1 + t2 + t3, rel=REL)
+    assert what.rule_bound.step_time == pytest.approx(t1 + t2 + t3, rel=REL)
+    # Ignoring the rule, the async pairs take streams of their own: the sync one runs alone.
+    t_w = negate(1024)
+    assert what.lower_bound.step_time == pytest.approx(max(t_w + t3, t1, t2), rel=REL)
+    assert what.lower_bound.step_time < what.rule_bound.step_time
+    # On the compute stream (jax >= 0.11) the sync one is in no stream's queue.
+    on_compute = predict(SYNC_INSIDE, streams=(2,), model=StreamModel(sync_on_compute=True))
+    assert on_compute.assignments[(2, "interval")].stream_of == {"ar1": 0, "ag": 1, "ar2": None}
+    assert on_compute.result(2, "interval").step_time < t1 + t2 + t3
+
+
+# A computation called from two places: its pair runs (and is assigned) at each call.
+TWICE = """HloModule twice, is_scheduled=true, num_partitions=8
+
+%sub (p: f32[1048576]) -> f32[8388608] {
+  %p = f32[1048576]{0} parameter(0)
+  %ag = (f32[1048576]{0}, f32[8388608]{0}) all-gather-start(%p), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}, use_global_device_ids=true
+  %w = f32[1048576]{0} negate(%p)
+  ROOT %ag.done = f32[8388608]{0} all-gather-done(%ag)
+}
+
+ENTRY %main (a: f32[1048576], b: f32[1048576]) -> (f32[8388608], f32[8388608]) {
+  %a = f32[1048576]{0} parameter(0)
+  %b = f32[1048576]{0} parameter(1)
+  %first = f32[8388608]{0} call(%a), to_apply=%sub
+  %second = f32[8388608]{0} call(%b), to_apply=%sub
+  ROOT %t = (f32[8388608]{0}, f32[8388608]{0}) tuple(%first, %second)
+}
+"""
+
+
+def test_a_pair_runs_at_every_call_of_its_computation() -> None:
+    what = predict(TWICE)
+    [pair] = what.pairs
+    assert len(pair.occurrences) == 2
+    t_ag, t_w = what.specs[0].cost.seconds, negate(1048576)
+    assert t_w < t_ag
+    for result in (*what.results.values(), what.lower_bound, what.rule_bound):
+        # Each call: the negate hides behind the gather, then waits for the rest of it.
+        assert result.step_time == pytest.approx(2 * t_ag, rel=REL)
+    assert what.result(2, "interval").lane_busy[0] == pytest.approx(2 * t_ag, rel=REL)
 
 
 # -- the cost model ---------------------------------------------------------------------------
@@ -521,6 +641,107 @@ def test_targets_and_overrides(tmp_path: Path) -> None:
         get_target("tpu")
 
 
+# -- calibration ---------------------------------------------------------------------------------
+
+
+PROVENANCE = {"gpu": "NVIDIA H200", "jax": "0.11.2", "date": "2026-08-30", "program": "test"}
+
+
+def test_calibration_file_round_trip(tmp_path: Path) -> None:
+    calibration = Calibration(
+        {"h200": {"matmul": 1.25, "memory": 0.5, "all-reduce": 1.5}, "h100": {"memory": 2.0}},
+        PROVENANCE,
+    )
+    path = tmp_path / "calibration.json"
+    path.write_text(calibration.to_json())
+    data = json.loads(path.read_text())
+    assert data["schema"] == SCHEMA == "xla_streams.calibration.v1"
+    assert data["targets"]["h200"] == {
+        "matmul": 1.25,
+        "memory": 0.5,
+        "collective": {"all-reduce": 1.5},
+    }
+    assert load_calibration(path) == calibration
+    calibrated = calibration.apply(get_target("h200"))
+    assert calibrated.calibration == {"matmul": 1.25, "memory": 0.5, "all-reduce": 1.5}
+    assert "NVIDIA H200" in calibrated.sources[-1]
+
+
+def test_calibration_scales_each_class() -> None:
+    ratios = {"matmul": 2.0, "memory": 0.5, "all-reduce": 1.5}
+    calibrated = Calibration({"h100": ratios}, PROVENANCE).apply(H100)
+    module = parse_module(KERNELS)
+    plain, scaled = CostModel(module, H100), CostModel(module, calibrated)
+    for inst in module.entry.instructions:
+        before, after = plain.instruction(inst), scaled.instruction(inst)
+        assert after.seconds == pytest.approx(
+            before.seconds * ratios.get(before.kind, 1.0), rel=REL
+        )
+    group = (tuple(range(8)),)
+    for kind, ratio in (("all-reduce", 1.5), ("all-gather", 1.0)):
+        base = collective_cost(kind, group, 1 << 24, H100)
+        cost = collective_cost(kind, group, 1 << 24, calibrated)
+        assert cost.seconds == pytest.approx(base.seconds * ratio, rel=REL)
+        assert cost.wire_bytes == base.wire_bytes  # sharing still splits the same bytes
+    # The dot alone decides HIDDEN's step: twice as long.
+    assert predict(HIDDEN, calibrated).baseline.step_time == pytest.approx(
+        2 * predict(HIDDEN).baseline.step_time, rel=REL
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"targets": {"h100": {"matmul": 1.0}}}, "schema"),
+        ({"schema": SCHEMA, "targets": {"h100": {"gemm": 1.0}}}, "unknown class 'gemm'"),
+        ({"schema": SCHEMA, "targets": {"h100": {"matmul": 0}}}, "positive number"),
+        ({"schema": SCHEMA, "targets": {"h100": {"matmul": True}}}, "positive number"),
+        ({"schema": SCHEMA, "targets": {"h100": {"collective": {"psum": 1.0}}}}, "'psum'"),
+        ({"schema": SCHEMA, "targets": {}}, "targets must map"),
+        ({"schema": SCHEMA, "targets": {"h100": {}}, "extra": 1}, "unknown key(s) extra"),
+    ],
+)
+def test_bad_calibration_files_say_what_is_wrong(tmp_path: Path, data: dict, message: str) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(CalibrationError, match=re.escape(message)):
+        load_calibration(path)
+
+
+def test_calibration_for_another_target_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(Calibration({"h200": {"matmul": 1.1}}, PROVENANCE).to_json())
+    with pytest.raises(CalibrationError, match="no ratios for target 'h100' .it has: h200."):
+        load_calibration(path).apply(H100)
+    hlo = tmp_path / "m.hlo"
+    hlo.write_text(HIDDEN)
+    err = io.StringIO()
+    assert simulate_command(str(hlo), calibration=str(path), err=err) == 2
+    assert "no ratios for target 'h100'" in err.getvalue()
+    out = io.StringIO()
+    assert simulate_command(str(hlo), target="h200", calibration=str(path), out=out) == 0
+
+
+def test_compare_kernel_classes() -> None:
+    module = parse_module(KERNELS)
+    model = CostModel(module, H100)
+    cost = {inst.name: model.instruction(inst) for inst in module.entry.instructions}
+    # Measured: matmuls 1.5x and memory-bound kernels 0.8x the model; %conv not measured.
+    measured = {
+        name: c.seconds * (1.5 if c.kind == "matmul" else 0.8)
+        for name, c in cost.items()
+        if c.kind != "free" and name != "conv"
+    }
+    classes = compare_kernel_classes(module, H100, measured)
+    assert classes["matmul"].instructions == 2  # the GEMM fusion and the cuBLAS call
+    assert classes["matmul"].ratio == pytest.approx(1.5, rel=REL)
+    assert classes["memory"].instructions == 1
+    assert classes["memory"].ratio == pytest.approx(0.8, rel=REL)
+    assert classes["matmul"].predicted == pytest.approx(
+        cost["gemm_fusion"].seconds + cost["cublas"].seconds, rel=REL
+    )
+
+
 # -- the trace ---------------------------------------------------------------------------------
 
 
@@ -538,7 +759,15 @@ def test_trace_is_a_valid_chrome_trace() -> None:
     assert trace["displayTimeUnit"] == "ns"
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
     processes = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
-    assert len(processes) == len(timelines) == 3  # K=1, best (K=2), lower bound
+    # K=1 (both policies alike), K=2 (alike too), the rule bound, the lower bound.
+    assert len(processes) == len(timelines) == 4
+    assert [r.label for r in timelines] == [
+        "K=1 interval = K=1 round-robin (one collective stream, as XLA runs today)",
+        "K=2 interval = K=2 round-robin",
+        RULE_BOUND_LABEL,
+        LOWER_BOUND_LABEL,
+    ]
+    assert timelines[1].configs == ((2, "interval"), (2, "round-robin"))
     slices = [e for e in events if e["ph"] == "X"]
     assert slices
     for e in events:
@@ -571,13 +800,33 @@ def test_html_is_self_contained() -> None:
     what, timelines = _timelines(SHARED)
     page = render_html(what, timelines)
     assert page.startswith("<!DOCTYPE html>")
-    for forbidden in ("<script", "<link", "@import", "url(", " src=", "https://"):
+    for forbidden in ("<script src", "<link", "@import", "url(http", " src=", "https://", "fetch("):
         assert forbidden not in page
-    # The only URL is the SVG namespace.
+    # The only URL is the SVG namespace; the one script is inline.
     assert set(re.findall(r"https?://[^\s\"']+", page)) == {"http://www.w3.org/2000/svg"}
-    assert page.count("<svg") == 3
-    assert page.count('<g class="lane"') == 2 + 3 + 3  # compute + streams, per timeline
+    assert page.count("<script>") == 1
+    assert page.count("<svg") == page.count("<details") == 4
+    assert page.count("<details open>") == 2  # K=1 and the best (K=2)
+    assert page.count('<g class="lane"') == 2 + 3 + 3 + 3  # compute + streams, per timeline
     assert "What if" in page and "Stream assignment" in page and "%ag.a" in page
+    assert LOWER_BOUND_LABEL in page and RULE_BOUND_LABEL in page
+    assert "XLA runs it on" in page and "the collective stream assigned" in page
+    # Without a trace to link to, the page says how to get one.
+    assert "--trace" in page
+    assert 'href="t.json"' in render_html(what, timelines, trace_href="t.json")
+
+
+def test_html_names_the_pairs_that_make_a_larger_k_slower() -> None:
+    what, timelines = _timelines(FIRST_NEEDED)
+    page = render_html(what, timelines)
+    # Both policies give K=2 the same streams: one section, both explanations in it
+    # (and in the notes).
+    assert set(what.explanations) == {(2, "interval"), (2, "round-robin")}
+    section = page[page.index("<summary>K=2 interval = K=2 round-robin") :]
+    section = section[: section.index("</details>")]
+    for why in what.non_monotone():
+        assert f'<p class="why">{html.escape(why)}</p>' in section
+        assert "%ag.a" in why and "%ag.b" in why
 
 
 def _chromium() -> str | None:
@@ -646,18 +895,43 @@ def _rgb(color: str) -> bytes:
     return bytes.fromhex(color.lstrip("#"))
 
 
+# Dispatched after the report's own script: a wheel turn over the middle of the first
+# timeline, then what the zoom did, written where --dump-dom shows it.
+_ZOOM_PROBE = """<script>
+var svg = document.querySelector("svg.timeline"), box = svg.getBoundingClientRect();
+var before = svg.querySelector("g.axis").textContent;
+svg.dispatchEvent(new WheelEvent("wheel", {clientX: box.left + box.width * 0.6,
+  clientY: box.top + box.height / 2, deltaY: -500, bubbles: true, cancelable: true}));
+document.body.setAttribute("data-zoomed", svg.querySelector("g.slices").getAttribute("transform"));
+document.body.setAttribute("data-axis-changed", String(before !== svg.querySelector("g.axis").textContent));
+</script></body>"""
+
+
 def test_html_renders_with_lanes_in_headless_chromium(tmp_path: Path) -> None:
     binary = _chromium()
     assert binary is not None, "needs headless Chromium: `make test` installs Debian's chromium"
     what, timelines = _timelines(SHARED)
     page = tmp_path / "report.html"
-    page.write_text(render_html(what, timelines), encoding="utf-8")
+    text = render_html(what, timelines)
+    page.write_text(text, encoding="utf-8")
     url = page.as_uri()
     args = _chromium_args(binary, tmp_path)
     dom = subprocess.run(
         [*args, "--dump-dom", url], capture_output=True, text=True, timeout=120, check=True
     ).stdout
-    assert dom.count('class="lane"') == 8 and dom.count("<svg") == 3
+    assert dom.count('class="lane"') == 11 and dom.count("<svg") == 4
+    # The zoom script ran on every timeline.
+    assert dom.count('data-zoom="ready"') == 4
+    # A wheel turn zooms in around the pointer and redraws the time axis.
+    probe = tmp_path / "probe.html"
+    probe.write_text(text.replace("</body>", _ZOOM_PROBE), encoding="utf-8")
+    dom = subprocess.run(
+        [*args, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120,
+        check=True,
+    ).stdout  # fmt: skip
+    zoomed = re.search(r'data-zoomed="translate\(170,0\) scale\(([0-9.e-]+),1\)', dom)
+    assert zoomed is not None and float(zoomed.group(1)) > 1.0 / OVERSAMPLE * 2
+    assert 'data-axis-changed="true"' in dom
     shot = tmp_path / "shot.png"
     subprocess.run(
         [*args, f"--screenshot={shot}", "--window-size=1280,1100", url],
@@ -667,17 +941,18 @@ def test_html_renders_with_lanes_in_headless_chromium(tmp_path: Path) -> None:
     assert (width, height) == (1280, 1100)
     pixels = Counter()
     lane_rows = 0
-    lane_color = _rgb(LANE_BACKGROUNDS[0])
+    lane_colors = [_rgb(c) for c in LANE_BACKGROUNDS]
     for row in rows:
         colors = Counter(row[i : i + 3] for i in range(0, len(row), 3))
         pixels.update(colors)
-        if colors[lane_color] > 200:
+        if sum(colors[c] for c in lane_colors) > 50:
             lane_rows += 1
     total = width * height
     white = pixels[b"\xff\xff\xff"]
     assert white < 0.97 * total, "the page is blank"
     assert len(pixels) > 50, "the page has hardly any colours"
-    # Lanes are drawn (pale bands with lane background) and carry collectives.
+    # Lanes are drawn (pale bands where slices leave them free) and carry collectives;
+    # the bounds' sections are closed.
     assert lane_rows > 30
     assert pixels[_rgb(KIND_COLORS["all-gather"])] > 2000
     assert pixels[_rgb(KIND_COLORS["wait"])] > 500
@@ -697,9 +972,10 @@ def test_simulate_command_writes_trace_and_html(tmp_path: Path) -> None:
     assert code == 0, err.getvalue()
     table = out.getvalue()
     assert re.search(r"^  1  ", table, re.M) and re.search(r"^  2  ", table, re.M)
-    assert "lower bound" in table
+    assert LOWER_BOUND_LABEL in table and RULE_BOUND_LABEL in table
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
-    assert "<svg" in (tmp_path / "r.html").read_text()
+    page = (tmp_path / "r.html").read_text()
+    assert "<svg" in page and 'href="t.json"' in page
     assert simulate_command(str(hlo), streams="0", err=io.StringIO()) == 2
     assert simulate_command(str(hlo), policies="fifo", err=io.StringIO()) == 2
     assert simulate_command(str(tmp_path / "missing.hlo"), err=io.StringIO()) == 2
@@ -720,7 +996,8 @@ def test_write_visual_report_for_a_compilation(tmp_path: Path) -> None:
     assert trace == tmp_path / "reports" / "module_0001.trace.json"
     assert page == tmp_path / "reports" / "module_0001.html"
     assert json.loads(trace.read_text())["traceEvents"]
-    assert "K=2 interval" in page.read_text()
+    text = page.read_text()
+    assert "K=2 interval" in text and 'href="module_0001.trace.json"' in text
 
 
 def test_cli_simulate(tmp_path: Path) -> None:
@@ -735,6 +1012,21 @@ def test_cli_simulate(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "on h200" in result.stdout and "round-robin" in result.stdout
     assert trace.exists() and page.exists()
+    calibration = tmp_path / "c.json"
+    calibration.write_text(Calibration({"h200": {"memory": 3.0}}, PROVENANCE).to_json())
+    calibrated = subprocess.run(
+        [sys.executable, "-m", "xla_streams.cli", "simulate", str(hlo), "--streams=1",
+         "--target=h200", f"--calibration={calibration}", "--overlap-limit=4", "--sync-on-compute"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert calibrated.returncode == 0, calibrated.stderr
+    compute = re.search(r"compute only: ([0-9.]+) ms", calibrated.stdout)
+    plain = re.search(r"compute only: ([0-9.]+) ms", result.stdout)
+    assert (
+        compute
+        and plain
+        and float(compute.group(1)) == pytest.approx(3 * float(plain.group(1)), rel=1e-2)
+    )
     bad = subprocess.run(
         [sys.executable, "-m", "xla_streams.cli", "simulate", str(hlo), "--streams=1,99"],
         capture_output=True, text=True, timeout=120, check=False,
@@ -750,15 +1042,16 @@ def test_fixture_predictions(path: Path) -> None:
     module = parse_module(path.read_text(encoding="utf-8"), str(path))
     sim = Simulator(module, H100)
     what = what_if(module, H100, (1, 2, 4, 8), ("interval", "round-robin"), simulator=sim)
-    lower = what.lower_bound.step_time
+    lower, rule = what.lower_bound.step_time, what.rule_bound.step_time
     assert math.isfinite(lower) and lower > 0
     assert what.baseline.compute_time <= lower * (1 + REL)
+    assert lower <= rule * (1 + REL)
     unexplained = 0
     for policy in what.policies:
         times = [what.result(k, policy).step_time for k in what.streams]
         for k, t in zip(what.streams, times, strict=True):
             r = what.result(k, policy)
-            assert math.isfinite(t) and t >= lower * (1 - REL), (k, policy)
+            assert math.isfinite(t) and t >= rule * (1 - REL), (k, policy)
             assert 0 <= r.exposed_communication <= t * (1 + REL)
             assert r.compute_time == pytest.approx(what.baseline.compute_time, rel=REL)
             assert t <= what.serial * (1 + REL)
@@ -767,6 +1060,7 @@ def test_fixture_predictions(path: Path) -> None:
     assert len(what.non_monotone()) == unexplained
     for why in what.non_monotone():
         assert "share link bandwidth" in why or "queues collectives behind" in why
+        assert "is waited for" in why, "the pairs that cause it are named"
 
 
 def _whatif_script() -> ModuleType:

@@ -7,14 +7,41 @@ environment, or from Python::
     xla_streams.enable(collective_streams=4, report_dir="reports")  # before JAX starts
     with xla_streams.collective_streams(4): ...                      # just for a block
     xla_streams.disable()
+    result = xla_streams.tune(build, devices=32, devices_per_host=8)  # find the settings
 
 Programs built on ``absl.app`` can ``import xla_streams.flags`` for
 ``--xla_streams_collective_streams=4`` and the other settings. Importing this
-package does not import JAX.
+package imports nothing else (PEP 562): the names below load on first use, so
+the command line starts fast and JAX is imported only where it is needed.
 """
 
-from xla_streams.config import Config, ConfigError
-from xla_streams.plugin import collective_streams, current, disable, enable
+from __future__ import annotations
 
-__version__ = "0.1.0"
-__all__ = ["Config", "ConfigError", "collective_streams", "current", "disable", "enable"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.2.0"
+
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "Config": "xla_streams.config",
+    "ConfigError": "xla_streams.config",
+    "collective_streams": "xla_streams.plugin",
+    "current": "xla_streams.plugin",
+    "disable": "xla_streams.plugin",
+    "enable": "xla_streams.plugin",
+    "tune": "xla_streams.tune",
+}
+__all__ = ["Config", "ConfigError", "collective_streams", "current", "disable", "enable", "tune"]
+
+if TYPE_CHECKING:
+    from xla_streams.config import Config, ConfigError
+    from xla_streams.plugin import collective_streams, current, disable, enable
+    from xla_streams.tune import tune
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'xla_streams' has no attribute '{name}'")
+    return getattr(importlib.import_module(module), name)

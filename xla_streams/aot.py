@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import glob
 import importlib.resources
-import importlib.util
 import os
 import re
 import tempfile
@@ -18,6 +17,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+
+from xla_streams import jax_compat
 
 TARGETS: dict[str, str] = {
     "h100": "h100_sxm.txtpb",
@@ -56,10 +57,10 @@ def target_config(target: str = "h100") -> str:
 
 
 def _require_gpu_aot() -> None:
-    if importlib.util.find_spec("jax_cuda12_plugin") is None:
+    if jax_compat.cuda_plugin_module() is None:
         raise GpuAotUnavailable(
-            "deviceless GPU compile needs the CUDA plugin: "
-            'pip install "xla-streams[gpu-aot]" (jax[cuda12]==0.10.2)'
+            "deviceless GPU compile needs JAX's CUDA plugin: "
+            'pip install "xla-streams[gpu-aot]" (jax[cuda12]), or jax[cuda13]'
         )
     platforms = os.environ.get("JAX_PLATFORMS", "")
     if platforms != "cpu":
@@ -103,7 +104,7 @@ def path_independent_locations(
     (drivers such as this module or a fixture script) are dropped, so their
     line numbers and call depth do not leak into the module's metadata and
     fingerprint. The exclusions stay registered for the life of the process
-    (jax has no way to remove one). Uses jax internals (pinned jax 0.10.2).
+    (jax has no way to remove one). Uses jax internals (jax 0.11/0.12).
     """
     from jax._src import source_info_util
 

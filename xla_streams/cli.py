@@ -30,8 +30,6 @@ The ``demo`` command imports its module only when run.
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import sys
 import textwrap
 from collections.abc import Callable
@@ -41,6 +39,7 @@ from typing import Any, NoReturn, TextIO
 from absl import flags
 
 from xla_streams._io import atomic_write_many
+from xla_streams.cli_flags import define_stream_model_flags, stream_model
 from xla_streams.collectives import MAX_STREAMS, POLICIES
 from xla_streams.hlo import HloError, Module, parse_module
 from xla_streams.pipeline import (
@@ -49,6 +48,7 @@ from xla_streams.pipeline import (
     PassManager,
     PipelineError,
     VerificationError,
+    default_pipeline,
     registered_passes,
 )
 
@@ -123,7 +123,6 @@ class Command:
     run: Callable[[Args], int]
     flags: Callable[[flags.FlagValues], None] = lambda fv: None
     description: str = ""  # more for `xla-streams CMD --help`
-    raw_argv: bool = False  # pass argv through unparsed (the command parses it itself)
     arguments: tuple[tuple[str, str], ...] = _HLO_INPUT
 
 
@@ -148,7 +147,7 @@ class _StreamsParser(flags.IntegerParser):
         return value
 
 
-def _assignment_flags(fv: flags.FlagValues) -> None:
+def _streams_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE(
         _StreamsParser(), "streams", 4,
         f"Number of collective streams K to spread the collectives over (1..{MAX_STREAMS}).",
@@ -160,10 +159,15 @@ def _assignment_flags(fv: flags.FlagValues) -> None:
         "starts; 'round-robin' takes the next stream in turn.",
         flag_values=fv,
     )  # fmt: skip
+
+
+def _assignment_flags(fv: flags.FlagValues) -> None:
+    _streams_flags(fv)
     flags.DEFINE_string(
-        "json", None, "Also write the assignment as JSON (schema xla_streams.assignment.v1) "
+        "json", None, "Also write the assignment as JSON (schema xla_streams.assignment.v2) "
         "to this file ('-': standard output).", flag_values=fv,
     )  # fmt: skip
+    define_stream_model_flags(fv)
 
 
 def _opt_flags(fv: flags.FlagValues) -> None:
@@ -231,15 +235,49 @@ def _report(args: Args) -> int:
     return EXIT_OK
 
 
+def _demo_flags(fv: flags.FlagValues) -> None:
+    from xla_streams.aot import TARGETS
+    from xla_streams.programs import DEFAULT_PROGRAM, PROGRAMS
+
+    _streams_flags(fv)
+    flags.DEFINE_enum(
+        "program", DEFAULT_PROGRAM, sorted(PROGRAMS), "The embedded program to compile.",
+        flag_values=fv,
+    )  # fmt: skip
+    flags.DEFINE_string(
+        "report-dir", None,
+        "Where the reports go (default: a new temporary folder, printed at the end).",
+        flag_values=fv,
+    )  # fmt: skip
+    flags.DEFINE_enum(
+        "mode", "auto", ["auto", "gpu", "aot"],
+        "gpu: compile for this machine's GPUs; aot: compile without a GPU; auto: gpu when "
+        "there are enough GPUs, else aot.", flag_values=fv,
+    )  # fmt: skip
+    flags.DEFINE_enum(
+        "target", "h100", sorted(TARGETS), "The GPU to compile for without one (aot).",
+        flag_values=fv,
+    )  # fmt: skip
+
+
 def _demo(args: Args) -> int:
+    from xla_streams import demo  # imports JAX: only for this command
+
+    if args.positional:
+        raise UsageError(f"demo takes no arguments, found: {' '.join(args.positional)}")
     try:
-        demo = importlib.import_module("xla_streams.demo")  # imports JAX: only for this command
-    except ModuleNotFoundError as e:
-        if e.name != "xla_streams.demo":
-            raise
-        raise InputError("the demo is not part of this installation") from None
-    result = demo.main(args.positional)
-    return int(result or 0)
+        demo.run(
+            args.flag("program"),
+            args.flag("streams"),
+            args.flag("policy"),
+            report_dir=args.flag("report-dir"),
+            mode=args.flag("mode"),
+            target=args.flag("target"),
+            out=args.stdout,
+        )
+    except demo.Unavailable as e:
+        raise InputError(str(e)) from None
+    return EXIT_OK
 
 
 def _simulate_flags(fv: flags.FlagValues) -> None:
@@ -297,10 +335,12 @@ COMMANDS: dict[str, Command] = {
     ),
     "demo": Command(
         "Compile the demo transformer step and show its collectives spread over streams (JAX).",
-        "[demo flags...]",
+        "[--program=transformer_step] [--streams=4] [--mode=auto] [--report-dir=DIR]",
         _demo,
-        description="Runs xla_streams.demo; `xla-streams demo --help` lists its own flags.",
-        raw_argv=True,
+        _demo_flags,
+        "Compiles an embedded sharded JAX program with the plugin on (for this machine's "
+        "GPUs when it has enough, else for 8 H100s without a GPU), and prints the "
+        "assignment the plugin made inside XLA's compile, with its report files.",
         arguments=(),
     ),
 }
@@ -308,14 +348,13 @@ COMMANDS: dict[str, Command] = {
 
 def _assigned(args: Args, *, annotate: bool) -> Compilation:
     path, text = args.input()
-    spec = (
-        f"find-async-pairs,assign-streams{{streams={args.flag('streams')},"
-        f"policy={args.flag('policy')}}},verify-streams"
+    passes = default_pipeline(
+        args.flag("streams"),
+        args.flag("policy"),
+        runtime="xla" if annotate else None,
+        model=stream_model(args.flag),
     )
-    if annotate:
-        spec += ",annotate-streams"
-    manager = PassManager.from_spec(spec)
-    return manager.run(Compilation(parse_module(text, path)))
+    return PassManager(passes).run(Compilation(parse_module(text, path)))
 
 
 def _reports(args: Args, compilation: Compilation, *, quiet: bool) -> None:
@@ -362,6 +401,11 @@ def main(
     if name in ("-h", "--help", "help"):
         stdout.write(_main_help())
         return EXIT_OK
+    if name in ("--version", "version"):
+        from xla_streams import __version__
+
+        stdout.write(f"{PROG} {__version__}\n")
+        return EXIT_OK
     command = COMMANDS.get(name)
     if command is None:
         stderr.write(f"{PROG}: error: unknown command '{name}'\n\n{_main_help()}")
@@ -371,11 +415,10 @@ def main(
     command.flags(fv)
     args = Args(name, fv, rest, stdin, stdout, stderr)
     try:
-        if not command.raw_argv:
-            if _wants_help(rest):
-                stdout.write(_command_help(name, command, fv))
-                return EXIT_OK
-            args.positional = fv([prog, *rest])[1:]
+        if _wants_help(rest):
+            stdout.write(_command_help(name, command, fv))
+            return EXIT_OK
+        args.positional = fv([prog, *_negations_spelled_for_absl(rest, fv)])[1:]
         code = command.run(args)
         if code == EXIT_OK:
             _write_outputs(args)
@@ -415,6 +458,19 @@ def _write_outputs(args: Args) -> None:
     args.stdout.flush()
     for text in args.messages:
         args.stderr.write(text)
+
+
+def _negations_spelled_for_absl(argv: list[str], fv: flags.FlagValues) -> list[str]:
+    """``--no-progress`` as absl spells it, ``--noprogress``, for the command's boolean flags."""
+    out: list[str] = []
+    for arg in argv:
+        if arg == "--":
+            return out + argv[len(out) :]
+        name = arg.removeprefix("--no-")
+        if arg.startswith("--no-") and name in fv and fv[name].boolean:
+            arg = f"--no{name}"
+        out.append(arg)
+    return out
 
 
 def _wants_help(argv: list[str]) -> bool:
@@ -511,13 +567,12 @@ def _passes_help() -> str:
     """Each registered pass, its options and the first sentence of its module's docstring."""
     lines = []
     for name, cls in sorted(registered_passes().items()):
-        options = ",".join(f"{f.name}={f.default}" for f in dataclasses.fields(cls))
         doc = (sys.modules[cls.__module__].__doc__ or "").strip().split("\n\n")[0]
         doc = " ".join(doc.split()).replace("``", "`")
         doc = doc.removeprefix(f"{name}: ")
         doc = doc.split(". ")[0].rstrip(".") + "."
         doc = doc[:1].upper() + doc[1:]
-        lines += [f"  {name}" + (f"{{{options}}}" if options else ""), _wrap(doc)]
+        lines += [f"  {cls().spec()}", _wrap(doc)]  # every option has a default
     return "\n".join(lines)
 
 

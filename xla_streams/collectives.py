@@ -1,5 +1,13 @@
 """What the passes know about async collectives: the pairs, when they are in flight,
-which devices they involve, and the stream assignment made for them."""
+which devices they involve, where XLA runs them, and the stream assignment made
+for them.
+
+The deadlock rule, in one predicate (:meth:`AsyncPair.must_share_stream_with`):
+NCCL kernels on different streams may execute in different orders on different
+ranks, so two collectives that occupy communication streams, are in flight at
+the same time and whose device groups share two or more devices must sit on one
+stream. ``verify-streams`` checks it independently of how the assignment was made.
+"""
 
 from __future__ import annotations
 
@@ -10,15 +18,66 @@ Policy = Literal["interval", "round-robin"]
 POLICIES: tuple[Policy, ...] = ("interval", "round-robin")
 MAX_STREAMS = 64
 
+# The frontend attribute XLA:GPU reads to run a collective on communication_stream[k].
+STREAM_ATTRIBUTE = "_xla_stream_annotation"
+
+# Where XLA runs a sync pair that is on the communication lane, annotated or not.
+SYNC_PAIR_STREAM = 0
+
+# Where a collective runs on the GPU.
+Lane = Literal["communication", "compute", "p2p"]
+
+
+@dataclass(frozen=True)
+class StreamModel:
+    """Where XLA runs each collective, given how the module was compiled.
+
+    The one place that says it (measured with XLA's thunk-sequence dumps,
+    deviceless; see DESIGN.md):
+
+    - an async pair runs on ``communication_stream[k]``, k its
+      ``_xla_stream_annotation`` (default 0);
+    - a pipelined send/recv runs on XLA's own P2P stream;
+    - a plain (synchronous) collective runs on the compute stream;
+    - a *sync pair* (``is_sync``, or one XLA will make sync after scheduling
+      because nothing but no-ops lies between start and done) runs on the
+      compute stream on jax >= 0.11 and with the overlap limit at 1; XLA 0.10.2
+      with the limit above 1 runs it as an async thunk on
+      ``communication_stream[0]`` (XLA PR 40520), where it takes part in the
+      deadlock rule, pinned to stream 0.
+
+    With ``ffi``, our runtime runs the collectives instead of XLA: every pair
+    runs on its assigned stream, and XLA makes none synchronous.
+
+    ``overlap_limit`` is the ``xla_gpu_experimental_parallel_collective_overlap_limit``
+    the module was compiled with, 0 when unknown; ``sync_on_compute`` says the
+    module comes from jax >= 0.11. The defaults are the safe assumption for a
+    module whose settings are unknown: sync pairs occupy stream 0.
+    """
+
+    overlap_limit: int = 0
+    sync_on_compute: bool = False
+    ffi: bool = False
+
+    def lane(self, *, sync: bool, pipelined: bool) -> Lane:
+        if pipelined:
+            return "p2p"
+        if sync and not self.ffi and (self.sync_on_compute or self.overlap_limit == 1):
+            return "compute"
+        return "communication"
+
 
 @dataclass(frozen=True)
 class AsyncPair:
     """One async collective: its start and done instructions and what it does.
 
-    ``start_index``/``done_index`` are positions in the computation's schedule;
-    ``start_time``/``done_time`` are positions in the whole program's execution
-    order (callee computations laid out inside their caller), so two pairs are
-    in flight together exactly when these intervals intersect.
+    ``start_index``/``done_index`` are positions in the computation's schedule.
+    ``occurrences`` are its (start, done) times in one execution of the whole
+    program, one per call of its computation (callees laid out inside each
+    calling instruction); two pairs are in flight together exactly when some
+    occurrences intersect. ``start_time``/``done_time`` are the first one.
+    ``lane`` is where XLA runs it (:class:`StreamModel`); ``annotation`` the
+    ``_xla_stream_annotation`` the module already gave it, if any.
     """
 
     computation: str
@@ -34,19 +93,24 @@ class AsyncPair:
     groups: tuple[tuple[int, ...], ...]
     bytes: int
     start_line: int = 0
+    lane: Lane = "communication"
+    annotation: int | None = None
+    occurrences: tuple[tuple[int, int], ...] = ()
     _group_sets: tuple[frozenset[int], ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_group_sets", tuple(frozenset(g) for g in self.groups))
+        if not self.occurrences:
+            object.__setattr__(self, "occurrences", ((self.start_time, self.done_time),))
 
     @property
     def needs_stream(self) -> bool:
-        """Sync pairs run on the compute stream, pipelined p2p on XLA's own P2P streams."""
-        return not (self.sync or self.pipelined)
+        """It occupies one of the collective streams (the ones we assign)."""
+        return self.lane == "communication"
 
     def overlaps(self, other: AsyncPair) -> bool:
         """True when both are in flight at some point of the execution."""
-        return self.start_time < other.done_time and other.start_time < self.done_time
+        return any(a < d and c < b for a, b in self.occurrences for c, d in other.occurrences)
 
     def shares_devices_with(self, other: AsyncPair) -> bool:
         """The deadlock rule's test: some group of each shares two or more devices."""
@@ -60,13 +124,18 @@ class AsyncPair:
 
 @dataclass(frozen=True)
 class StreamAssignment:
-    """The collective stream of each pair (by start name); None for sync/pipelined pairs."""
+    """The collective stream of each pair (by start name); None off the communication lane.
+
+    ``reassigned`` maps a pair whose annotation in the module could not be kept
+    to why (a stream >= K, or pins the deadlock rule cannot honour).
+    """
 
     streams: int
     policy: Policy
     stream_of: dict[str, int | None]
     serialized_by_bound: frozenset[str] = frozenset()
     serialized_by_rule: frozenset[str] = frozenset()
+    reassigned: dict[str, str] = field(default_factory=dict)
 
     @property
     def serialized(self) -> frozenset[str]:
@@ -77,9 +146,21 @@ class StreamAssignment:
         return len({s for s in self.stream_of.values() if s is not None})
 
 
+def in_flight_order(
+    pairs: list[AsyncPair] | tuple[AsyncPair, ...],
+) -> list[tuple[int, int, AsyncPair]]:
+    """Every occurrence (start, done, pair) of ``pairs``, by start time: the order in
+    which a sweep meets them (the pairs still in flight at a start are those
+    earlier occurrences whose done is later)."""
+    return sorted(((a, b, p) for p in pairs for a, b in p.occurrences), key=lambda o: (o[0], o[1]))
+
+
 def max_in_flight(pairs: list[AsyncPair] | tuple[AsyncPair, ...]) -> int:
     """Largest number of the given pairs in flight at one time."""
-    events = sorted([(p.start_time, 1) for p in pairs] + [(p.done_time, -1) for p in pairs])
+    events = sorted(
+        [(a, 1) for p in pairs for a, _ in p.occurrences]
+        + [(b, -1) for p in pairs for _, b in p.occurrences]
+    )
     best = current = 0
     for _, delta in events:
         current += delta

@@ -1,33 +1,26 @@
-"""The plugin's settings, in one place: a frozen, validated :class:`Config`.
+"""The plugin's settings, in one place: the table :data:`SETTINGS` and a frozen, validated
+:class:`Config`.
 
 A Config comes from one of three sources, each with its own spelling of a
-setting, so that an error names what the user actually wrote:
+setting, so that an error names what the user actually wrote: the environment
+(``XLA_STREAMS_POLICY``), absl flags (``--xla_streams_policy``) or keywords of
+:func:`xla_streams.enable` (``policy=``). Every setting is in :data:`SETTINGS`
+with its help text, which ``xla_streams.flags`` and the README use.
 
-===================  ==================================  =================================
-setting              environment variable                absl flag / ``enable()`` keyword
-===================  ==================================  =================================
-collective_streams   ``XLA_STREAMS_COLLECTIVE_STREAMS``  ``--xla_streams_collective_streams``
-policy               ``XLA_STREAMS_POLICY``              ``--xla_streams_policy``
-mode                 ``XLA_STREAMS_MODE``                ``--xla_streams_mode``
-pipeline             ``XLA_STREAMS_PIPELINE``            ``--xla_streams_pipeline``
-report_dir           ``XLA_STREAMS_REPORT_DIR``          ``--xla_streams_report_dir``
-report_html          ``XLA_STREAMS_REPORT_HTML``         ``--xla_streams_report_html``
-strict               ``XLA_STREAMS_STRICT``              ``--xla_streams_strict``
-===================  ==================================  =================================
-
-The plugin is on when ``collective_streams`` or ``pipeline`` is given. An
-explicit pipeline must agree with ``collective_streams``/``policy`` where it
-says them (``assign-streams{streams=4,policy=interval}``). This module imports
-neither JAX nor the passes until a pipeline spec has to be checked.
+The plugin is on when ``collective_streams``, ``pipeline`` or ``config`` (a
+``xla-streams tune`` result) is given. An explicit pipeline must agree with
+``collective_streams``/``policy``/``mode`` where it says them, and options it
+does not write take their values from them. This module imports neither JAX
+nor the passes until a pipeline spec or a tune file has to be read.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, cast
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from xla_streams.collectives import MAX_STREAMS, POLICIES, Policy
 
@@ -35,16 +28,20 @@ from xla_streams.collectives import MAX_STREAMS, POLICIES, Policy
 # ffi: our custom calls run them (CUDA streams + NCCL, or host worker threads).
 Mode = Literal["native", "ffi"]
 MODES: tuple[Mode, ...] = ("native", "ffi")
+LogLevel = Literal["warning", "info", "debug"]
+LOG_LEVELS: tuple[LogLevel, ...] = ("warning", "info", "debug")
 DEFAULT_POLICY: Policy = "interval"
+DEFAULT_TIMEOUT_S = 300.0
+# A stuck collective fails after at most a week: beyond that a deadline overflows
+# nothing, but a job waiting longer is hung, not slow.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+MIN_TIMEOUT_S = 0.001
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 BOOL_VALUES = ", ".join(v for pair in zip(_TRUE, _FALSE, strict=True) for v in pair)
 
 ENV_PREFIX = "XLA_STREAMS_"
 FLAG_PREFIX = "xla_streams_"
-SETTINGS = (
-    "collective_streams", "policy", "mode", "pipeline", "report_dir", "report_html", "strict",
-)  # fmt: skip
 Source = Literal["env", "flag", "kwarg"]
 
 
@@ -76,45 +73,23 @@ class Config:
     report_dir: str | None = None
     report_html: bool = False  # also a Perfetto trace and an HTML timeline per report
     strict: bool = False
+    log: LogLevel = "info"
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    # XLA options to set where the user has not (from a tune result), by DebugOptions name.
+    xla_options: Mapping[str, object] = field(default_factory=dict)
+    config: str | None = None  # the tune result they came from
 
     def __post_init__(self) -> None:
         # Direct construction gets the same checks as the builders, named by keyword.
-        _check_streams(self.collective_streams, "collective_streams=")
-        _check_choice(self.policy, POLICIES, "policy=")
-        _check_mode(self.mode, "mode=")
-        for setting in ("strict", "report_html"):
-            value = getattr(self, setting)
-            if not isinstance(value, bool):
-                raise ConfigError(
-                    setting, f"{setting}={value!r} is not valid: expected True or False"
-                )
+        for setting in SETTINGS:
+            if setting.check is not None:
+                setting.check(getattr(self, setting.name), f"{setting.name}=")
         if self.report_html and self.report_dir is None:
-            raise ConfigError("report_html", "report_html needs report_dir: where to write")
-        if self.report_dir is not None and not isinstance(self.report_dir, str):
-            raise ConfigError("report_dir", f"report_dir={self.report_dir!r} is not a path")
-
-    # -- what the plugin runs -----------------------------------------------------
-
-    def pipeline_spec(self, on_cpu: bool = False) -> str:
-        """The pass pipeline the hook runs on every compiled module of a platform.
-
-        ffi mode lowers to the host runtime on CPU (after splitting XLA:CPU's
-        synchronous collectives) and to the CUDA runtime elsewhere; the CUDA
-        spec keeps a ``{devices}`` placeholder that each module's device
-        assignment fills in.
-        """
-        if self.pipeline is not None:
-            return self.pipeline
-        if self.mode == "ffi":
-            from xla_streams.runtime.hook import pipeline_spec
-
-            if on_cpu:
-                return pipeline_spec("host", self.collective_streams, self.policy)
-            return pipeline_spec("cuda", self.collective_streams, self.policy, "{devices}")
-        return (
-            f"find-async-pairs,assign-streams{{streams={self.collective_streams},"
-            f"policy={self.policy}}},verify-streams,annotate-streams"
-        )
+            raise ConfigError(
+                "report_html",
+                "XLA_STREAMS_REPORT_HTML (report_html) needs XLA_STREAMS_REPORT_DIR "
+                "(report_dir): where to write the pages",
+            )
 
     def describe(self) -> str:
         """One line for logs."""
@@ -123,6 +98,8 @@ class Config:
             f"policy {self.policy}",
             f"mode {self.mode}",
         ]
+        if self.config is not None:
+            parts.append(f"tuned by {self.config}")
         if self.pipeline is not None:
             parts.append(f"pipeline '{self.pipeline}'")
         if self.report_dir is not None:
@@ -140,15 +117,14 @@ class Config:
         Empty variables count as unset. Raises ConfigError naming the variable.
         """
         environ = os.environ if environ is None else environ
-        raw = {s: environ.get(spelled(s, "env"), "").strip() for s in SETTINGS}
+        raw = {s.name: environ.get(spelled(s.name, "env"), "").strip() for s in SETTINGS}
         return cls.from_values({s: v for s, v in raw.items() if v}, "env")
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any], source: Source) -> Config | None:
         """Settings given as text (env, flags) or Python values (keywords).
 
-        Missing or None values are unset; None is returned when neither
-        ``collective_streams`` nor ``pipeline`` is set (the plugin stays off).
+        Missing or None values are unset; None is returned when the plugin stays off.
         """
         return cls.from_layers([(values, source)])
 
@@ -163,34 +139,30 @@ class Config:
         parsed: dict[str, Any] = {}
         origin: dict[str, Source] = {}
         for values, source in layers:
-            unknown = set(values) - set(SETTINGS)
+            unknown = set(values) - set(BY_NAME)
             if unknown:
                 name = sorted(unknown)[0]
-                raise ConfigError(
-                    name, f"unknown setting '{name}'; settings: {', '.join(SETTINGS)}"
-                )
+                raise ConfigError(name, f"unknown setting '{name}'; settings: {', '.join(BY_NAME)}")
             for setting, value in values.items():
                 if value is None:
                     continue
-                parsed[setting] = _PARSERS[setting](value, spelled(setting, source))
+                parsed[setting] = BY_NAME[setting].parse(value, spelled(setting, source))
                 origin[setting] = source
-        if "collective_streams" not in parsed and "pipeline" not in parsed:
+        if not {"collective_streams", "pipeline", "config"} & set(parsed):
             return None
+        _apply_tune_file(parsed, origin)
         _reconcile_pipeline(parsed, origin)
         return cls(**parsed)
-
-    def replace(self, **changes: Any) -> Config:
-        return dataclasses.replace(self, **changes)
 
 
 def ignored_env(environ: Mapping[str, str] | None = None) -> list[str]:
     """``XLA_STREAMS_*`` variables that are set while the plugin is off (for a warning)."""
     environ = os.environ if environ is None else environ
     return [
-        spelled(s, "env")
+        spelled(s.name, "env")
         for s in SETTINGS
-        if s not in ("collective_streams", "pipeline")
-        and environ.get(spelled(s, "env"), "").strip()
+        if s.name not in ("collective_streams", "pipeline", "config")
+        and environ.get(spelled(s.name, "env"), "").strip()
     ]
 
 
@@ -198,18 +170,11 @@ def ignored_env(environ: Mapping[str, str] | None = None) -> list[str]:
 
 
 def _parse_streams(value: Any, name: str) -> int:
-    if isinstance(value, str):
-        text = value.strip()
-        try:
-            number = int(text, 10)
-        except ValueError:
-            raise ConfigError(
-                "collective_streams",
-                f"{_shown(name, value)} is not valid: expected an integer from 1 to {MAX_STREAMS}",
-            ) from None
-        value = number
-    _check_streams(value, name)
-    return int(value)
+    number = value
+    if isinstance(value, str) and value.strip().isdigit():
+        number = int(value.strip(), 10)
+    _check_streams(number, name)
+    return int(number)
 
 
 def _check_streams(value: Any, name: str) -> None:
@@ -220,28 +185,24 @@ def _check_streams(value: Any, name: str) -> None:
         )
 
 
-def _parse_policy(value: Any, name: str) -> Policy:
-    text = value.strip() if isinstance(value, str) else value
-    _check_choice(text, POLICIES, name)
-    return cast(Policy, text)
+def _choice(
+    accepted: tuple[str, ...],
+) -> tuple[Callable[[Any, str], Any], Callable[[Any, str], None]]:
+    """(parse, check) for a setting that is one of ``accepted``, case-insensitively."""
 
+    def check(value: Any, name: str) -> None:
+        if value not in accepted:
+            raise ConfigError(
+                _setting_of(name),
+                f"{_shown(name, value)} is not valid; accepted values: {', '.join(accepted)}",
+            )
 
-def _check_choice(value: Any, accepted: tuple[str, ...], name: str) -> None:
-    if value not in accepted:
-        setting = _setting_of(name)
-        raise ConfigError(
-            setting, f"{_shown(name, value)} is not valid; accepted values: {', '.join(accepted)}"
-        )
+    def parse(value: Any, name: str) -> Any:
+        text = value.strip().lower() if isinstance(value, str) else value
+        check(text, name)
+        return text
 
-
-def _parse_mode(value: Any, name: str) -> Mode:
-    text = value.strip().lower() if isinstance(value, str) else value
-    _check_mode(text, name)
-    return cast(Mode, text)
-
-
-def _check_mode(value: Any, name: str) -> None:
-    _check_choice(value, MODES, name)
+    return parse, check
 
 
 def _parse_bool(value: Any, name: str) -> bool:
@@ -257,13 +218,55 @@ def _parse_bool(value: Any, name: str) -> bool:
     )
 
 
-def _parse_report_dir(value: Any, name: str) -> str:
-    if not isinstance(value, str | os.PathLike):
-        raise ConfigError("report_dir", f"{_shown(name, value)} is not a path")
-    path = os.path.abspath(os.path.expanduser(os.fspath(value)))
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ConfigError("report_dir", f"{_shown(name, value)} is not valid: not a directory")
-    return path
+def _check_bool(value: Any, name: str) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(
+            _setting_of(name), f"{_shown(name, value)} is not valid: expected True or False"
+        )
+
+
+def _parse_timeout(value: Any, name: str) -> float:
+    number: Any = value
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            number = None
+    try:
+        _check_timeout(number, name)
+    except ConfigError:
+        _check_timeout(value, name)  # names the value as the user wrote it
+        raise
+    return float(number)
+
+
+def _check_timeout(value: Any, name: str) -> None:
+    ok = (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and MIN_TIMEOUT_S <= value <= MAX_TIMEOUT_S
+    )
+    if not ok:
+        raise ConfigError(
+            "timeout_s",
+            f"{_shown(name, value)} is not valid: expected a number of seconds from "
+            f"{MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g} (7 days)",
+        )
+
+
+def _parse_path(setting: str, must_be: Literal["directory", "file"]) -> Callable[[Any, str], str]:
+    def parse(value: Any, name: str) -> str:
+        if not isinstance(value, str | os.PathLike):
+            raise ConfigError(setting, f"{_shown(name, value)} is not a path")
+        path = os.path.abspath(os.path.expanduser(os.fspath(value)))
+        if must_be == "directory" and os.path.exists(path) and not os.path.isdir(path):
+            raise ConfigError(setting, f"{_shown(name, value)} is not valid: not a directory")
+        if must_be == "file" and not os.path.isfile(path):
+            raise ConfigError(setting, f"{_shown(name, value)} is not valid: no such file")
+        return path
+
+    return parse
 
 
 def _parse_pipeline(value: Any, name: str) -> str:
@@ -278,33 +281,122 @@ def _parse_pipeline(value: Any, name: str) -> str:
     return value.strip()
 
 
-_PARSERS: dict[str, Callable[[Any, str], Any]] = {
-    "collective_streams": _parse_streams,
-    "policy": _parse_policy,
-    "mode": _parse_mode,
-    "pipeline": _parse_pipeline,
-    "report_dir": _parse_report_dir,
-    "report_html": _parse_bool,
-    "strict": _parse_bool,
-}
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its name (``XLA_STREAMS_<NAME>``, ``--xla_streams_<name>``,
+    ``enable(<name>=)``), what it does, how a text or Python value is read,
+    and how a value given to ``Config`` directly is checked."""
+
+    name: str
+    help: str
+    parse: Callable[[Any, str], Any]
+    check: Callable[[Any, str], None] | None = None
+
+
+_POLICY = _choice(POLICIES)
+_MODE = _choice(MODES)
+_LOG = _choice(LOG_LEVELS)
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "collective_streams",
+        f"turn the plugin on with K collective streams (1..{MAX_STREAMS})",
+        _parse_streams,
+        _check_streams,
+    ),
+    Setting(
+        "policy",
+        f"how a collective picks its stream: {', '.join(POLICIES)} (default interval)",
+        *_POLICY,
+    ),
+    Setting(
+        "mode",
+        "native (default): XLA runs each annotated collective on its own communication "
+        "stream; ffi: our custom calls run them",
+        *_MODE,
+    ),
+    Setting(
+        "pipeline",
+        "an explicit pass pipeline, e.g. "
+        "'find-async-pairs,assign-streams{streams=4},verify-streams,annotate-streams'",
+        _parse_pipeline,
+    ),
+    Setting(
+        "report_dir",
+        "write <module>.<fingerprint>.json/.txt per compiled module with collectives, and "
+        "index.json/index.txt, here",
+        _parse_path("report_dir", "directory"),
+    ),
+    Setting(
+        "report_html",
+        f"also a Perfetto trace and an HTML timeline per report ({BOOL_VALUES})",
+        _parse_bool,
+        _check_bool,
+    ),
+    Setting(
+        "strict",
+        f"an internal error fails the compile instead of leaving the module unchanged "
+        f"({BOOL_VALUES})",
+        _parse_bool,
+        _check_bool,
+    ),
+    Setting(
+        "log",
+        f"what the plugin prints: {', '.join(LOG_LEVELS)} (default info: the start-up line "
+        "and, with reports on, one line per module)",
+        *_LOG,
+    ),
+    Setting(
+        "timeout_s",
+        "ffi mode: a collective stuck this many seconds fails, naming it "
+        f"(default {DEFAULT_TIMEOUT_S:g})",
+        _parse_timeout,
+        _check_timeout,
+    ),
+    Setting(
+        "config",
+        "a result of `xla-streams tune --json`: its XLA options, K and policy",
+        _parse_path("config", "file"),
+    ),
+)
+BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def _apply_tune_file(parsed: dict[str, Any], origin: Mapping[str, Source]) -> None:
+    """Take K, policy and XLA options from a tune result; settings given beside it win."""
+    path = parsed.get("config")
+    if path is None:
+        return
+    from xla_streams.tune import TuneError, load_tune_result
+
+    try:
+        best = load_tune_result(path).best
+    except TuneError as e:
+        raise ConfigError("config", f"{spelled('config', origin['config'])}: {e}") from None
+    parsed.setdefault("collective_streams", best.streams)
+    parsed.setdefault("policy", best.policy)
+    parsed["xla_options"] = dict(best.xla_flags)
 
 
 def _reconcile_pipeline(parsed: dict[str, Any], origin: Mapping[str, Source]) -> None:
-    """Fill collective_streams/policy from an explicit pipeline, or check they agree."""
+    """Check that an explicit pipeline agrees with the settings where it says them;
+    fill collective_streams, policy and mode from it where it alone says them."""
     spec = parsed.get("pipeline")
     if spec is None:
         return
-    from xla_streams.pipeline import parse_pipeline
+    from xla_streams.pipeline import spec_items
 
-    assigns = [p for p in parse_pipeline(spec) if p.name == "assign-streams"]
+    items = spec_items(spec)
     name = spelled("pipeline", origin["pipeline"])
     for setting, option in (("collective_streams", "streams"), ("policy", "policy")):
-        values = {getattr(p, option) for p in assigns}
-        if len(values) > 1:
+        written = {
+            i.options[option] for i in items if i.name == "assign-streams" and option in i.options
+        }
+        if len(written) > 1:
             raise ConfigError("pipeline", f"{name}: its assign-streams passes disagree on {option}")
-        if not values:
+        if not written:
             continue
-        (value,) = values
+        value = BY_NAME[setting].parse(written.pop(), f"{name}: {option}=")
         if setting in parsed and parsed[setting] != value:
             raise ConfigError(
                 "pipeline",
@@ -313,11 +405,23 @@ def _reconcile_pipeline(parsed: dict[str, Any], origin: Mapping[str, Source]) ->
                 "give one of them, or make them agree",
             )
         parsed[setting] = value
+    lowers = any(i.name == "lower-to-ffi" for i in items)
+    annotates = any(i.name == "annotate-streams" for i in items)
+    mode = "ffi" if lowers else "native" if annotates else None
+    if mode is not None and parsed.get("mode", mode) != mode:
+        what = "lower-to-ffi" if lowers else "annotate-streams"
+        raise ConfigError(
+            "pipeline",
+            f"{name} has {what}, which needs mode {mode}, but "
+            f"{spelled('mode', origin['mode'])}={parsed['mode']}; drop one of them",
+        )
+    if mode is not None:
+        parsed["mode"] = mode
     if "collective_streams" not in parsed:
         raise ConfigError(
             "pipeline",
-            f"{name} has no assign-streams pass, so it does not say how many collective "
-            "streams the executable needs: also set "
+            f"{name} has no assign-streams pass with streams=, so it does not say how many "
+            f"collective streams the executable needs: also set "
             f"{spelled('collective_streams', origin['pipeline'])}",
         )
 
@@ -338,3 +442,15 @@ def _setting_of(name: str) -> str:
     for prefix in (FLAG_PREFIX, ENV_PREFIX.lower()):
         bare = bare.removeprefix(prefix)
     return bare
+
+
+__all__ = [
+    "BY_NAME",
+    "MODES",
+    "SETTINGS",
+    "Config",
+    "ConfigError",
+    "Mode",
+    "ignored_env",
+    "spelled",
+]

@@ -1,12 +1,11 @@
 """absl flags for the plugin: ``import xla_streams.flags`` in a program built on absl.app.
 
-Defines ``--xla_streams_collective_streams``, ``--xla_streams_policy``,
-``--xla_streams_mode``, ``--xla_streams_pipeline``, ``--xla_streams_report_dir``
-and ``--xla_streams_strict``. When the command line is parsed and any of them is
-given, the plugin is turned on with them, over the ``XLA_STREAMS_*`` environment
-variables (a flag wins over its variable). A bad value stops the program at
-parse time, as any bad absl flag does, with a message naming the flag and the
-accepted values.
+Defines ``--xla_streams_<setting>`` for every setting of :data:`xla_streams.config.SETTINGS`
+(``--xla_streams_collective_streams``, ``--xla_streams_policy``, ...). When the
+command line is parsed and any of them is given, the plugin is turned on with
+them, over the ``XLA_STREAMS_*`` environment variables (a flag wins over its
+variable). A bad value stops the program at parse time, as any bad absl flag
+does, with a message naming the flag and the accepted values.
 """
 
 from __future__ import annotations
@@ -15,52 +14,16 @@ from typing import Any
 
 from absl import flags
 
-from xla_streams.collectives import MAX_STREAMS, POLICIES
-from xla_streams.config import (
-    BOOL_VALUES,
-    FLAG_PREFIX,
-    MODES,
-    SETTINGS,
-    Config,
-    ConfigError,
-    spelled,
-)
+from xla_streams.config import FLAG_PREFIX, SETTINGS, Config, ConfigError, spelled
 
-FLAG_NAMES = tuple(FLAG_PREFIX + s for s in SETTINGS)
+FLAG_NAMES = tuple(FLAG_PREFIX + s.name for s in SETTINGS)
 
 # Strings, not typed flags, so that every bad value gets the same message as the
 # environment variable would (absl's own messages do not list accepted values).
-flags.DEFINE_string(
-    FLAG_PREFIX + "collective_streams",
-    None,
-    f"Turn the xla_streams plugin on with this many collective streams (1..{MAX_STREAMS}).",
-)
-flags.DEFINE_string(
-    FLAG_PREFIX + "policy", None, f"Stream assignment policy: {', '.join(POLICIES)}."
-)
-flags.DEFINE_string(FLAG_PREFIX + "mode", None, f"Plugin mode: {', '.join(MODES)}.")
-flags.DEFINE_string(
-    FLAG_PREFIX + "pipeline",
-    None,
-    "Explicit pass pipeline, e.g. "
-    "'find-async-pairs,assign-streams{streams=4},verify-streams,annotate-streams'.",
-)
-flags.DEFINE_string(
-    FLAG_PREFIX + "report_dir",
-    None,
-    "Write <module>.<fingerprint>.json/.txt assignment reports of every compiled module here.",
-)
-flags.DEFINE_string(
-    FLAG_PREFIX + "report_html",
-    None,
-    f"Also write a Perfetto trace and an HTML timeline next to each report ({BOOL_VALUES}).",
-)
-flags.DEFINE_string(
-    FLAG_PREFIX + "strict",
-    None,
-    f"Fail the compile on an internal error instead of leaving the module unchanged "
-    f"({BOOL_VALUES}).",
-)
+for _setting in SETTINGS:
+    flags.DEFINE_string(
+        FLAG_PREFIX + _setting.name, None, _setting.help[0].upper() + _setting.help[1:] + "."
+    )
 
 
 def config_from_flags(
@@ -70,8 +33,8 @@ def config_from_flags(
     import os
 
     environ = dict(os.environ) if environ is None else environ
-    env_values = {s: environ.get(spelled(s, "env"), "").strip() or None for s in SETTINGS}
-    flag_values = {s: values.get(FLAG_PREFIX + s) for s in SETTINGS}
+    env_values = {s.name: environ.get(spelled(s.name, "env"), "").strip() or None for s in SETTINGS}
+    flag_values = {s.name: values.get(FLAG_PREFIX + s.name) for s in SETTINGS}
     return Config.from_layers([(env_values, "env"), (flag_values, "flag")])
 
 

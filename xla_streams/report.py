@@ -1,40 +1,55 @@
-"""Reports of a stream assignment: a text table for people, JSON for programs.
+"""Reports of a stream assignment: a text table for people, JSON for programs, and the
+files the plugin writes (one report per module, and an index of them).
 
 Both are built from a :class:`~xla_streams.pipeline.Compilation` on which
 ``find-async-pairs`` and ``assign-streams`` have run. The JSON follows the
-schema ``xla_streams.assignment.v1``::
+schema ``xla_streams.assignment.v2``::
 
-    {"schema": "xla_streams.assignment.v1", "module": str, "streams": K,
+    {"schema": "xla_streams.assignment.v2", "module": str, "streams": K,
      "policy": "interval" | "round-robin",
      "collectives": [{"computation": str, "start": str, "done": str, "kind": str,
                       "start_index": int, "done_index": int, "sync": bool,
-                      "pipelined": bool, "stream": int | null,
+                      "pipelined": bool,
+                      "runs_on": "communication" | "compute" | "p2p",
+                      "stream": int | null, "calls": int,
                       "groups": [[int, ...], ...], "bytes": int,
-                      "serialized_by": "bound" | "rule" | null}, ...],
+                      "serialized_by": "bound" | "rule" | null,
+                      "reassigned": str | null}, ...],
      "summary": {"async_pairs": int, "assigned": int, "streams_used": int,
                  "max_in_flight": int, "serialized": int,
                  "serialized_by_bound": int, "serialized_by_rule": int,
-                 "sync": int, "pipelined": int,
+                 "sync": int, "pipelined": int, "synchronous_collectives": int,
                  "pairs_by_kind": {kind: int}, "max_in_flight_by_computation": {name: int}}}
 
 Names carry no ``%``; ``start_index``/``done_index`` are 0-based positions in
-the computation's schedule; ``stream`` is null exactly for sync and pipelined
-pairs; ``groups`` are global device ids. Fields may be added to v1, never
-renamed or removed. "In flight" counts the pairs that need a collective stream
-(sync and pipelined pairs do not compete for one). The output is a pure function
-of the module text and the options, byte for byte, in any process.
+the computation's schedule; ``runs_on`` is where XLA runs the pair (the stream
+model of :mod:`xla_streams.collectives`), and ``stream`` is null exactly when
+that is not a collective stream; ``calls`` counts the calls of its computation
+(each one checked by the deadlock rule); ``reassigned`` says why an annotation
+the module already had was not kept; ``groups`` are global device ids;
+``synchronous_collectives`` counts plain (not async) collectives. v2 replaced
+v1's rule "stream is null for every sync pair" (XLA 0.10.2 runs sync pairs on
+stream 0 when the overlap limit is above 1). Fields may be added to v2, never
+renamed or removed. "In flight" counts the pairs on collective streams. The
+output is a pure function of the module text and the options, byte for byte,
+in any process.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
+from xla_streams._io import atomic_write_many
 from xla_streams.collectives import POLICIES, AsyncPair, StreamAssignment, max_in_flight
 from xla_streams.pipeline import Compilation
 
-SCHEMA = "xla_streams.assignment.v1"
+SCHEMA = "xla_streams.assignment.v2"
+INDEX_SCHEMA = "xla_streams.index.v1"
 # Kinds whose groups are (source, target) pairs rather than device sets.
 _PAIR_KINDS = frozenset({"collective-permute", "send", "recv"})
 
@@ -58,10 +73,13 @@ def build_report(compilation: Compilation) -> dict[str, Any]:
                 "done_index": p.done_index,
                 "sync": p.sync,
                 "pipelined": p.pipelined,
+                "runs_on": p.lane,
                 "stream": assignment.stream_of[p.start],
+                "calls": len(p.occurrences),
                 "groups": [list(g) for g in p.groups],
                 "bytes": p.bytes,
                 "serialized_by": _serialized_by(p, assignment),
+                "reassigned": assignment.reassigned.get(p.start),
             }
         )
     placed = [p for p in pairs if assignment.stream_of[p.start] is not None]
@@ -78,6 +96,7 @@ def build_report(compilation: Compilation) -> dict[str, Any]:
         "serialized_by_rule": len(assignment.serialized_by_rule),
         "sync": sum(p.sync for p in pairs),
         "pipelined": sum(p.pipelined for p in pairs),
+        "synchronous_collectives": _synchronous_collectives(compilation),
         "pairs_by_kind": dict(sorted(by_kind.items())),
         "max_in_flight_by_computation": _in_flight_by_computation(compilation, placed),
     }
@@ -89,6 +108,12 @@ def build_report(compilation: Compilation) -> dict[str, Any]:
         "collectives": collectives,
         "summary": summary,
     }
+
+
+def _synchronous_collectives(compilation: Compilation) -> int:
+    from xla_streams.passes.find_async_pairs import COLLECTIVES
+
+    return sum(1 for inst in compilation.module.instructions() if inst.opcode in COLLECTIVES)
 
 
 def _assignment(compilation: Compilation) -> StreamAssignment:
@@ -148,7 +173,7 @@ def schema_problems(report: Any) -> list[str]:
     """What keeps ``report`` from being a valid v1 report; empty when it is valid.
 
     Checks the required fields and their types, and the rules the types cannot
-    say (null streams exactly for sync or pipelined pairs, streams below K,
+    say (null streams exactly off the collective streams, streams below K,
     counts that agree with the collectives). Extra fields are allowed.
     """
     problems: list[str] = []
@@ -192,12 +217,15 @@ def schema_problems(report: Any) -> list[str]:
         done = need(c, "done_index", (int,), where)
         if start is not None and done is not None and not 0 <= start < done:
             problems.append(f"{where}: expected 0 <= start_index < done_index")
-        sync = need(c, "sync", (bool,), where)
-        pipelined = need(c, "pipelined", (bool,), where)
+        need(c, "sync", (bool,), where)
+        need(c, "pipelined", (bool,), where)
+        runs_on = need(c, "runs_on", (str,), where)
         stream = need(c, "stream", (int, type(None)), where)
-        if sync is not None and pipelined is not None and "stream" in c:
-            if (stream is None) != (sync or pipelined):
-                problems.append(f"{where}.stream: null exactly when the pair is sync or pipelined")
+        if runs_on is not None and runs_on not in ("communication", "compute", "p2p"):
+            problems.append(f"{where}.runs_on: '{runs_on}' is not communication, compute or p2p")
+        if runs_on is not None and "stream" in c:
+            if (stream is None) != (runs_on != "communication"):
+                problems.append(f"{where}.stream: null exactly when it runs off the streams")
             if stream is not None and streams is not None and not 0 <= stream < streams:
                 problems.append(f"{where}.stream: {stream} is not in 0..{streams - 1}")
             if stream is not None:
@@ -270,15 +298,29 @@ def format_report(report: dict[str, Any]) -> str:
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     if len(rows) == 1:
-        lines = ["(no async collectives)"]
+        plain = report["summary"].get("synchronous_collectives", 0)
+        lines = [
+            "(no async collectives"
+            + (
+                f": {_count(plain, 'synchronous collective')}, which XLA runs on the compute "
+                "stream; XLA:CPU has no async collectives, and XLA_STREAMS_MODE=ffi runs them "
+                "on streams)"
+                if plain
+                else ")"
+            )
+        ]
     return "\n".join(lines) + "\n\n" + format_summary(report)
 
 
 def _note(c: dict[str, Any]) -> str:
-    if c["sync"]:
-        return "sync: stays on the compute stream"
-    if c["pipelined"]:
+    if c["runs_on"] == "compute":
+        return "sync: runs on the compute stream"
+    if c["runs_on"] == "p2p":
         return "pipelined: on XLA's P2P stream"
+    if c.get("reassigned"):
+        return f"reassigned: {c['reassigned']}"
+    if c["sync"]:
+        return "sync: XLA runs it on stream 0"
     by = c.get("serialized_by")
     if by == "rule":
         return "serialized: deadlock rule"
@@ -306,6 +348,103 @@ def format_summary(report: dict[str, Any]) -> str:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def summary_line(compilation: Compilation) -> str:
+    """One line for a compiled module: its collectives and where they went."""
+    report = build_report(compilation)
+    s = report["summary"]
+    line = f"module {report['module']}: {_count(s['async_pairs'], 'async pair')}"
+    if s["async_pairs"]:
+        line += f", {s['assigned']} on {s['streams_used']} of {report['streams']} streams"
+        if s["serialized_by_rule"]:
+            line += f" ({s['serialized_by_rule']} kept together by the deadlock rule)"
+    if s["synchronous_collectives"]:
+        line += f", {_count(s['synchronous_collectives'], 'synchronous collective')}"
+    return line
+
+
+# -- files ---------------------------------------------------------------------------
+
+
+def report_paths(report_dir: str, module_name: str, digest: str) -> tuple[str, str]:
+    """``<dir>/<module>.<fingerprint>.json`` and ``.txt``."""
+    safe = re.sub(r"[^A-Za-z0-9_.\-]", "_", module_name) or "module"
+    base = os.path.join(report_dir, f"{safe}.{digest}")
+    return base + ".json", base + ".txt"
+
+
+def write_reports(
+    compilation: Compilation, report_dir: str, digest: str, *, html: bool = False
+) -> tuple[str, ...]:
+    """Write the JSON report and the text table of ``compilation`` (with ``html``, also a
+    Perfetto trace and an HTML timeline), atomically, and add it to the directory's
+    index; returns the paths written, the JSON report first."""
+    report = build_report(compilation)
+    json_path, text_path = report_paths(report_dir, compilation.module.name, digest)
+    os.makedirs(report_dir, exist_ok=True)
+    atomic_write_many([(json_path, to_json(report)), (text_path, format_report(report))])
+    paths: tuple[str, ...] = (json_path, text_path)
+    if html:
+        from xla_streams.simulate.visual import write_visual_report
+
+        stem = os.path.basename(json_path).removesuffix(".json")
+        paths += tuple(str(p) for p in write_visual_report(compilation, report_dir, stem))
+    _add_to_index(report_dir, report, json_path)
+    return paths
+
+
+def _add_to_index(report_dir: str, report: dict[str, Any], json_path: str) -> None:
+    """``index.json`` and ``index.txt``: every module reported in the directory, one entry
+    per report file. Processes sharing the directory take turns (a file lock)."""
+    s = report["summary"]
+    entry = {
+        "module": report["module"],
+        "report": os.path.basename(json_path),
+        "async_pairs": s["async_pairs"],
+        "assigned": s["assigned"],
+        "streams_used": s["streams_used"],
+        "serialized_by_rule": s["serialized_by_rule"],
+        "synchronous_collectives": s["synchronous_collectives"],
+    }
+    with open(os.path.join(report_dir, ".index.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        index_path = os.path.join(report_dir, "index.json")
+        try:
+            with open(index_path, encoding="utf-8") as f:
+                entries = [e for e in json.load(f)["modules"] if e["report"] != entry["report"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            entries = []  # none yet, or not ours: start afresh
+        entries = sorted([*entries, entry], key=lambda e: (e["module"], e["report"]))
+        index = {"schema": INDEX_SCHEMA, "modules": entries}
+        atomic_write_many(
+            [
+                (index_path, to_json(index)),
+                (os.path.join(report_dir, "index.txt"), _index_text(entries)),
+            ]
+        )
+
+
+def _index_text(entries: list[dict[str, Any]]) -> str:
+    header = (
+        "module",
+        "async pairs",
+        "on streams",
+        "streams used",
+        "tied by rule",
+        "sync",
+        "report",
+    )
+    rows = [header] + [
+        (
+            e["module"], str(e["async_pairs"]), str(e["assigned"]), str(e["streams_used"]),
+            str(e["serialized_by_rule"]), str(e["synchronous_collectives"]), e["report"],
+        )
+        for e in entries
+    ]  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines) + "\n"
 
 
 # -- short forms ---------------------------------------------------------------------

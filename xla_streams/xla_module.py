@@ -1,8 +1,16 @@
 """The bridge between XLA's serialized HloModuleProto and our HLO text.
 
-The compile hook gets a proto; the passes read text. Two things get lost on the
-way unless handled here: large constants (XLA prints them as ``{...}`` by
-default, and reads that back without their values) and the device counts (the
+The compile hook gets a proto; the passes read text. The way back depends on
+what the passes changed. Annotations (frontend attributes) are written straight
+into the proto by :func:`with_frontend_attributes`, so every other byte XLA
+gave us, every attribute its text printer or parser would lose included, goes
+back unchanged: jax 0.11/0.12 print an async all-reduce with
+``output_to_operand_aliasing={{1}: (0, {})}``, which their own text parser
+rejects. Only structural rewrites (ffi mode) go through XLA's text parser.
+
+Two things get lost on the way to text unless handled here: large constants
+(XLA prints them as ``{...}`` by default, and reads that back without their
+values) and the device counts (the
 proto carries no module config, so the printed header has no
 ``replica_count``/``num_partitions`` and every device group would look like one
 device). The counts, and the device of each logical id, come from the proto's
@@ -13,11 +21,9 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
-
-T = TypeVar("T")
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -102,32 +108,109 @@ def to_proto(text: str) -> bytes:
     return bytes(_hlo().hlo_module_from_text(text).as_serialized_hlo_module_proto())
 
 
+# HloModuleProto.computations, HloComputationProto.instructions,
+# HloInstructionProto.name and .frontend_attributes, FrontendAttributes.map (xla/service/hlo.proto).
+_MODULE_COMPUTATIONS = 3
+_COMPUTATION_INSTRUCTIONS = 2
+_INSTRUCTION_NAME = 1
+_INSTRUCTION_FRONTEND_ATTRIBUTES = 68
+_FRONTEND_ATTRIBUTES_MAP = 1
+
+
+def with_frontend_attributes(serialized: bytes, edits: Mapping[str, Mapping[str, str]]) -> bytes:
+    """``serialized`` with frontend attributes set on the instructions named in ``edits``.
+
+    ``edits`` maps an instruction name to the keys to set (other keys stay).
+    Every other field is copied byte for byte; raises KeyError naming an
+    instruction that is not in the module.
+    """
+    remaining = set(edits)
+
+    def instruction(data: bytes) -> bytes:
+        name = _last(data, _INSTRUCTION_NAME, bytes)
+        key = name.decode("utf-8") if name is not None else None
+        if key not in remaining:
+            return data
+        assert key is not None
+        remaining.discard(key)
+        current: dict[bytes, bytes] = {}
+        kept = bytearray()
+        for number, value, raw in _raw_fields(data):
+            if number != _INSTRUCTION_FRONTEND_ATTRIBUTES:
+                kept += raw
+                continue
+            assert isinstance(value, bytes)
+            for entry_number, entry in _fields(value):
+                if entry_number == _FRONTEND_ATTRIBUTES_MAP and isinstance(entry, bytes):
+                    current[_last(entry, 1, bytes) or b""] = _last(entry, 2, bytes) or b""
+        for k, v in edits[key].items():
+            current[k.encode("utf-8")] = v.encode("utf-8")
+        entries = b"".join(
+            _field(_FRONTEND_ATTRIBUTES_MAP, _field(1, k) + _field(2, v))
+            for k, v in sorted(current.items())
+        )
+        return bytes(kept) + _field(_INSTRUCTION_FRONTEND_ATTRIBUTES, entries)
+
+    out = _map_submessages(
+        serialized,
+        _MODULE_COMPUTATIONS,
+        lambda comp: _map_submessages(comp, _COMPUTATION_INSTRUCTIONS, instruction),
+    )
+    if remaining:
+        raise KeyError(f"no instruction named {sorted(remaining)[0]!r} in the module")
+    return out
+
+
+def _map_submessages(data: bytes, number: int, change: Callable[[bytes], bytes]) -> bytes:
+    """``data`` with each length-delimited field ``number`` replaced by ``change(value)``."""
+    out = bytearray()
+    for n, value, raw in _raw_fields(data):
+        if n == number and isinstance(value, bytes):
+            new = change(value)
+            out += raw if new is value else _field(n, new)
+        else:
+            out += raw
+    return bytes(out)
+
+
 def _hlo() -> Any:
     return importlib.import_module("jaxlib._hlo")
 
 
 def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
     """(field number, value) of each top-level varint or length-delimited field."""
+    for number, value, _ in _raw_fields(data):
+        if value is not None:
+            yield number, value
+
+
+def _raw_fields(data: bytes) -> Iterator[tuple[int, int | bytes | None, bytes]]:
+    """(field number, value, the field's bytes as stored) of each top-level field;
+    the value is None for fixed-size fields, which nothing here reads."""
     i = 0
     while i < len(data):
+        begin = i
         key, i = _varint(data, i)
         number, wire = key >> 3, key & 7
+        value: int | bytes | None
         if wire == 0:
             value, i = _varint(data, i)
-            yield number, value
         elif wire == 2:
             size, i = _varint(data, i)
-            yield number, data[i : i + size]
+            value = data[i : i + size]
             i += size
         elif wire == 1:
-            i += 8
+            value, i = None, i + 8
         elif wire == 5:
-            i += 4
+            value, i = None, i + 4
         else:  # groups: HloModuleProto has none
             raise ValueError(f"unsupported protobuf wire type {wire}")
+        if i > len(data):
+            raise ValueError("truncated protobuf message")
+        yield number, value, data[begin:i]
 
 
-def _last(data: bytes, number: int, kind: type[T]) -> T | None:
+def _last[T](data: bytes, number: int, kind: type[T]) -> T | None:
     found = None
     for n, value in _fields(data):
         if n == number and isinstance(value, kind):

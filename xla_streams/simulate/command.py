@@ -2,40 +2,55 @@
 
     xla-streams simulate IN.hlo --streams=1,2,4,8 --policy=interval,round-robin \\
         --trace=OUT.json --html=OUT.html [--target=h100 --target-file=T.json]
+        [--calibration=C.json] [--overlap-limit=N] [--sync-on-compute]
 
 The command lives here so that ``cli.py`` only registers it (``define_flags``,
-``run_cli``). ``simulate_command`` is the same for Python callers, and
-``write_visual_report`` is what the plugin calls to drop a trace and an HTML
-report for a compilation into its report directory.
+``run_cli``); ``simulate_command`` is the same for Python callers. Nothing here
+imports the CLI: ``run_cli`` takes any object with the few members of the CLI's
+arguments it uses (:class:`CliArgs`). The pictures, and the trace and HTML the
+plugin writes, are in :mod:`xla_streams.simulate.visual`.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import Any, Protocol, TextIO
 
 from absl import flags
 
 from xla_streams._io import atomic_write_many
-from xla_streams.collectives import MAX_STREAMS, POLICIES, Policy
+from xla_streams.cli_flags import define_stream_model_flags, stream_model
+from xla_streams.collectives import MAX_STREAMS, POLICIES, Policy, StreamModel
 from xla_streams.hlo import HloError, Module, parse_module
 from xla_streams.pipeline import Compilation, Fact
-from xla_streams.simulate.html import best_result, render_html
-from xla_streams.simulate.simulator import Progress, SimResult, Simulator, WhatIf, what_if
+from xla_streams.simulate.calibration import CalibrationError, load_calibration
+from xla_streams.simulate.simulator import Progress, Simulator, WhatIf, runs_on, what_if
 from xla_streams.simulate.targets import TARGETS, Target, TargetError, get_target, load_target
-from xla_streams.simulate.trace import trace_json
+from xla_streams.simulate.visual import DEFAULT_STREAMS, pictures
 
-if TYPE_CHECKING:
-    from xla_streams.cli import Args
-
-DEFAULT_STREAMS = (1, 2, 4, 8)
 STDOUT = "-"  # the CLI's name for standard output
 # Inputs at least this large report progress on stderr as they go.
 PROGRESS_BYTES = 4 << 20
+
+
+class CliArgs(Protocol):
+    """What ``run_cli`` uses of the CLI's parsed arguments (``xla_streams.cli.Args``)."""
+
+    stderr: TextIO
+    messages: list[str]
+
+    def flag(self, name: str) -> Any: ...
+
+    def input(self) -> tuple[str, str]: ...
+
+    def output(self, path: str | None, text: str) -> None: ...
+
+    def uses_stdout(self, *names: str) -> bool: ...
 
 
 class UsageError(ValueError):
@@ -44,10 +59,9 @@ class UsageError(ValueError):
 
 @dataclass
 class Simulation:
-    """Everything one run produced; ``timelines`` only when pictures were asked for."""
+    """Everything one run produced; ``trace`` and ``html`` only when pictures were asked for."""
 
     what: WhatIf
-    timelines: list[SimResult]
     table: str
     trace: str | None = None
     html: str | None = None
@@ -94,11 +108,13 @@ def parse_policies(text: str | Sequence[str]) -> tuple[Policy, ...]:
     return tuple(result)
 
 
-def resolve_target(name: str = "h100", target_file: str | None = None) -> Target:
-    """``--target`` by name, or ``--target-file`` overrides on top of it."""
-    if target_file:
-        return load_target(target_file, base=name)
-    return get_target(name)
+def resolve_target(
+    name: str = "h100", target_file: str | None = None, calibration: str | None = None
+) -> Target:
+    """``--target`` by name, or ``--target-file`` overrides on top of it, then the
+    ratios of ``--calibration`` for it."""
+    target = load_target(target_file, base=name) if target_file else get_target(name)
+    return load_calibration(calibration).apply(target) if calibration else target
 
 
 # -- the work ---------------------------------------------------------------------------
@@ -110,59 +126,39 @@ def simulate_module(
     streams: Sequence[int] = DEFAULT_STREAMS,
     policies: Sequence[Policy] = POLICIES,
     *,
-    pictures: bool = False,
+    model: StreamModel | None = None,
+    pictures_for: str | None = None,
     progress: Progress | None = None,
     compilation: Compilation | None = None,
 ) -> Simulation:
-    """The what-if predictions for ``module``, and its trace and HTML when ``pictures``."""
+    """The what-if predictions for ``module``, under ``model`` unless ``compilation``
+    has its pairs; with ``pictures_for`` (the trace's address for the HTML's link,
+    or "" for none) also its trace and HTML."""
     pairs = compilation.pairs if compilation and Fact.ASYNC_PAIRS in compilation.facts else None
     if progress:
         count = sum(len(c.instructions) for c in module.computations)
         progress(f"cost model for {count} instructions")
-    sim = Simulator(module, target, pairs, progress=progress)
+    sim = Simulator(module, target, pairs, model=model, progress=progress)
     what = what_if(module, target, streams, policies, progress=progress, simulator=sim)
-    result = Simulation(what, [], format_what_if(what))
-    if pictures:
+    result = Simulation(what, format_what_if(what))
+    if pictures_for is not None:
         if progress:
             progress("recording timelines")
-        result.timelines = record_timelines(sim, what)
-        result.trace = trace_json(result.timelines, module.name, target)
-        result.html = render_html(what, result.timelines)
+        result.trace, result.html = pictures(sim, what, trace_href=pictures_for or None)
     return result
-
-
-def record_timelines(
-    sim: Simulator, what: WhatIf, extra: Sequence[tuple[int, Policy]] = ()
-) -> list[SimResult]:
-    """Timelines worth drawing: one stream (today), the best configuration, any
-    ``extra`` (K, policy), and the lower bound."""
-    keys: list[tuple[int, str]] = [(what.baseline.streams or 1, what.policies[0])]
-    best = best_result(what)
-    keys.append((best.streams or 1, best.policy or what.policies[0]))
-    keys.extend(extra)
-    timelines = []
-    seen = set()
-    for key in keys:
-        if key in seen or key not in what.assignments:
-            continue
-        seen.add(key)
-        label = what.results[key].label
-        if key[0] == 1:
-            label = "K=1 (one collective stream, as XLA runs today)"
-        timelines.append(sim.run(what.assignments[key], record=True, label=label))
-    timelines.append(
-        sim.run(None, record=True, label="lower bound (unlimited streams, no bandwidth sharing)")
-    )
-    return timelines
 
 
 def format_what_if(what: WhatIf) -> str:
     """The what-if table as aligned text."""
     base = what.baseline.step_time
-    placed = sum(1 for p in what.pairs if p.needs_stream)
+    places: dict[str, int] = {}
+    for pair in what.pairs:
+        where = runs_on(pair)
+        places[where] = places.get(where, 0) + 1
     lines = [
         f"module {what.module} on {what.target.name} ({what.target.description}): "
-        f"{len(what.pairs)} async pairs, {placed} on collective streams",
+        f"{len(what.pairs)} async pairs; XLA runs "
+        + ", ".join(f"{n} on {where}" for where, n in places.items()),
         "predicted step time (exposed communication, speedup over K=1):",
     ]
     header = ["K", *what.policies]
@@ -186,11 +182,15 @@ def format_what_if(what: WhatIf) -> str:
         busy.append(row)
     lines.append("busy time of collective streams 0..K-1 (ms):")
     lines.extend(_aligned(busy))
-    lb = what.lower_bound
-    lines.append(
-        f"lower bound: {lb.step_time * 1e3:.4f} ms ({lb.exposed_communication * 1e3:.4f} ms, "
-        f"{_ratio(base, lb.step_time)}): every collective on its own stream, no bandwidth sharing"
-    )
+    for bound, how in (
+        (what.rule_bound, "each group the deadlock rule ties on a stream of its own"),
+        (what.lower_bound, "every collective on a stream of its own"),
+    ):
+        lines.append(
+            f"{bound.label}: {bound.step_time * 1e3:.4f} ms "
+            f"({bound.exposed_communication * 1e3:.4f} ms, {_ratio(base, bound.step_time)}): "
+            f"{how}, no bandwidth sharing"
+        )
     lines.append(
         f"compute only: {what.baseline.compute_time * 1e3:.4f} ms; serial (nothing overlapped): "
         f"{what.serial * 1e3:.4f} ms"
@@ -261,13 +261,19 @@ def define_flags(fv: flags.FlagValues) -> None:
         "target-file", None, "JSON object overriding fields of --target, e.g. "
         '{"link_efficiency": 0.7, "devices_per_host": 4}.', flag_values=fv,
     )  # fmt: skip
+    flags.DEFINE_string(
+        "calibration", None, "A calibration file (schema xla_streams.calibration.v1, as "
+        "scripts/gpu_check.py writes it): measured/predicted ratios per kernel class for "
+        "--target.", flag_values=fv,
+    )  # fmt: skip
+    define_stream_model_flags(fv)
     flags.DEFINE_bool(
         "progress", None, "Report progress on standard error (default: for inputs over "
         f"{PROGRESS_BYTES >> 20} MiB).", flag_values=fv,
     )  # fmt: skip
 
 
-def run_cli(args: Args) -> int:
+def run_cli(args: CliArgs) -> int:
     """``xla-streams simulate``, on the CLI's parsed ``args``.
 
     Bad flag values raise absl's ``IllegalFlagValueError``, which the CLI reports
@@ -276,9 +282,12 @@ def run_cli(args: Args) -> int:
     try:
         ks = parse_streams(args.flag("streams"))
         ps = parse_policies(args.flag("policy"))
-        target = resolve_target(args.flag("target"), args.flag("target-file"))
-    except (UsageError, TargetError) as e:
+        target = resolve_target(
+            args.flag("target"), args.flag("target-file"), args.flag("calibration")
+        )
+    except (UsageError, TargetError, CalibrationError) as e:
         raise flags.IllegalFlagValueError(str(e)) from None
+    model = stream_model(args.flag)
     path, text = args.input()
     show = args.flag("progress")
     say = (
@@ -289,15 +298,26 @@ def run_cli(args: Args) -> int:
     if say:
         say(f"parsing {path}")
     module = parse_module(text, path)
-    pictures = bool(args.flag("trace") or args.flag("html"))
-    result = simulate_module(module, target, ks, ps, pictures=pictures, progress=say)
-    args.output(args.flag("trace"), result.trace or "")
-    args.output(args.flag("html"), result.html or "")
+    trace, page = args.flag("trace"), args.flag("html")
+    result = simulate_module(
+        module, target, ks, ps, model=model, pictures_for=_trace_href(trace, page), progress=say
+    )
+    args.output(trace, result.trace or "")
+    args.output(page, result.html or "")
     if args.uses_stdout("trace", "html"):
         args.messages.append(result.table)
     else:
         args.output(STDOUT, result.table)
     return 0
+
+
+def _trace_href(trace: str | None, html: str | None) -> str | None:
+    """The trace's address relative to the HTML page ("": no link), None: no pictures."""
+    if not (trace or html):
+        return None
+    if not (trace and html) or STDOUT in (trace, html):
+        return ""
+    return os.path.relpath(os.path.abspath(trace), os.path.dirname(os.path.abspath(html)))
 
 
 def simulate_command(
@@ -309,6 +329,8 @@ def simulate_command(
     html: str | None = None,
     target: str = "h100",
     target_file: str | None = None,
+    calibration: str | None = None,
+    model: StreamModel | None = None,
     progress: bool | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
@@ -319,56 +341,22 @@ def simulate_command(
     try:
         ks = parse_streams(streams)
         ps = parse_policies(policies)
-        chosen = resolve_target(target, target_file)
+        chosen = resolve_target(target, target_file, calibration)
         text = Path(path).read_text(encoding="utf-8")
         show = progress if progress is not None else len(text) >= PROGRESS_BYTES
         say = progress_printer(err) if show else None
         if say:
             say(f"parsing {path}")
         module = parse_module(text, path)
-        result = simulate_module(module, chosen, ks, ps, pictures=bool(trace or html), progress=say)
+        result = simulate_module(
+            module, chosen, ks, ps, model=model, pictures_for=_trace_href(trace, html),
+            progress=say,
+        )  # fmt: skip
         atomic_write_many(
             [(d, c) for d, c in ((trace, result.trace), (html, result.html)) if d and c is not None]
         )
-    except (OSError, HloError, TargetError, UsageError) as e:
+    except (OSError, HloError, TargetError, CalibrationError, UsageError) as e:
         print(f"xla-streams simulate: {e}", file=err)
         return 2
     out.write(result.table)
     return 0
-
-
-def write_visual_report(
-    compilation: Compilation,
-    directory: str | Path,
-    stem: str,
-    target: str | Target = "h100",
-    streams: Sequence[int] = DEFAULT_STREAMS,
-) -> tuple[Path, Path]:
-    """Write ``<stem>.trace.json`` and ``<stem>.html`` for a compilation into ``directory``.
-
-    Uses the compilation's pairs when found and draws its own assignment (its K and
-    policy) beside one stream and the lower bound; the what-if grid covers
-    ``streams`` plus that K under every policy. Returns the two paths.
-    """
-    chosen = get_target(target) if isinstance(target, str) else target
-    directory = Path(directory)
-    module = compilation.module
-    pairs = compilation.pairs if Fact.ASYNC_PAIRS in compilation.facts else None
-    sim = Simulator(module, chosen, pairs)
-    assignment = compilation.assignment
-    ks = set(streams)
-    extra: list[tuple[int, Policy]] = []
-    if assignment is not None:
-        ks.add(assignment.streams)
-        extra.append((assignment.streams, assignment.policy))
-    what = what_if(module, chosen, sorted(ks), POLICIES, simulator=sim)
-    timelines = record_timelines(sim, what, extra)
-    trace_path, html_path = directory / f"{stem}.trace.json", directory / f"{stem}.html"
-    directory.mkdir(parents=True, exist_ok=True)
-    atomic_write_many(
-        [
-            (trace_path, trace_json(timelines, module.name, chosen)),
-            (html_path, render_html(what, timelines)),
-        ]
-    )
-    return trace_path, html_path

@@ -49,10 +49,15 @@ at network speed); the host of device ``d`` is ``d // devices_per_host``.
 A collective's standalone time is ``latency + wire_bytes / B``; the simulator
 runs the latency unshared and the wire bytes through bandwidth shared with
 other collectives on the same links.
+
+A calibrated target (``calibration.py``) multiplies each kernel's time by its
+class's measured ratio, and a collective's latency and transfer time by its
+kind's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -163,10 +168,10 @@ class CostModel:
         memory_time = nbytes / target.achievable_memory_bandwidth
         if flops > 0:
             compute_time = flops / target.matrix_rate(element_type)
-            return OpCost(
-                max(compute_time, memory_time) + target.kernel_overhead, "matmul", flops, nbytes
-            )
-        return OpCost(memory_time + target.kernel_overhead, "memory", 0.0, nbytes)
+            seconds = max(compute_time, memory_time) + target.kernel_overhead
+            return OpCost(seconds * target.time_ratio("matmul"), "matmul", flops, nbytes)
+        seconds = memory_time + target.kernel_overhead
+        return OpCost(seconds * target.time_ratio("memory"), "memory", 0.0, nbytes)
 
     def _bytes(self, inst: Instruction) -> int:
         total = inst.shape.byte_size
@@ -263,7 +268,20 @@ class CostModel:
 def collective_cost(
     kind: str, groups: tuple[tuple[int, ...], ...], size: int, target: Target
 ) -> CollectiveCost:
-    """The alpha-beta cost of one collective (see the module docstring for the formulas)."""
+    """The alpha-beta cost of one collective (see the module docstring for the formulas),
+    times the target's calibration ratio for ``kind``."""
+    cost = _model_cost(kind, groups, size, target)
+    ratio = target.time_ratio(kind)
+    if ratio == 1.0:
+        return cost
+    # Latency and transfer scale together, so the standalone time scales by the ratio
+    # and bandwidth sharing keeps its meaning.
+    return dataclasses.replace(cost, latency=cost.latency * ratio, bandwidth=cost.bandwidth / ratio)
+
+
+def _model_cost(
+    kind: str, groups: tuple[tuple[int, ...], ...], size: int, target: Target
+) -> CollectiveCost:
     devices = tuple(sorted({d for g in groups for d in g}))
     n = max((len(g) for g in groups), default=1)
     per_host = target.devices_per_host

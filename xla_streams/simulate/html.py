@@ -1,15 +1,20 @@
-"""A self-contained HTML report of the predictions: no network, no scripts, no fonts
-to fetch. The timelines are inline SVG with one lane per stream; the tables are
-the what-if grid (K x policy), the summary and the stream assignment."""
+"""A self-contained HTML report of the predictions: nothing fetched (no network, no
+fonts), one small inline script that makes the timelines zoomable.
+
+The timelines are inline SVG with one lane per stream, one collapsible section
+per distinct assignment (every K and policy asked for) and per bound; the
+tables are the what-if grid (K x policy) and the stream assignment, which says
+where XLA really runs each pair. A K predicted slower than a smaller one carries
+its explanation, with the pairs that cause it, in its section.
+"""
 
 from __future__ import annotations
 
 import html
 import math
 from collections.abc import Sequence
-from pathlib import Path
 
-from xla_streams.simulate.simulator import SimResult, Slice, WhatIf, lane_name
+from xla_streams.simulate.simulator import SimResult, Slice, WhatIf, lane_name, runs_on
 from xla_streams.simulate.trace import lanes_of
 
 # Fill colour of each slice kind; lanes alternate two pale backgrounds.
@@ -33,10 +38,15 @@ OTHER_COLOR = "#888888"
 LANE_BACKGROUNDS = ("#eef2f7", "#f8fafc")
 LABEL_WIDTH = 170
 PLOT_WIDTH = 1000
+# Slices are placed on a grid this many times finer than the plot's pixels, so
+# that zooming in (up to this factor) shows real detail, not stretched blocks;
+# the zoom goes on to MAX_ZOOM, beyond which the Perfetto trace is the tool.
+OVERSAMPLE = 8
+MAX_ZOOM = 64
 LANE_HEIGHT = 26
 LANE_GAP = 4
 AXIS_HEIGHT = 24
-MIN_PIXELS = 1.0  # slices narrower than this are merged with their neighbours
+MIN_UNITS = 1.0  # slices narrower than this many grid units merge with their neighbours
 MAX_TITLES = 4000
 MAX_ASSIGNMENT_ROWS = 500
 
@@ -45,7 +55,9 @@ body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; ma
        color: #1f2933; background: #ffffff; }
 h1 { font-size: 22px; margin: 0 0 4px 0; }
 h2 { font-size: 17px; margin: 28px 0 8px 0; border-bottom: 1px solid #d9e2ec; padding-bottom: 4px; }
-h3 { font-size: 14px; margin: 18px 0 6px 0; }
+details { margin: 10px 0; }
+summary { font-size: 14px; font-weight: 600; cursor: pointer; }
+p.why { font-size: 13px; background: #fff8e1; border-left: 3px solid #f0b429; padding: 4px 8px; }
 .sub { color: #52606d; margin: 0 0 16px 0; }
 .cards { display: flex; gap: 12px; flex-wrap: wrap; }
 .card { border: 1px solid #d9e2ec; border-radius: 6px; padding: 10px 14px; min-width: 160px; }
@@ -64,16 +76,95 @@ tr.lb td { font-style: italic; }
 .legend i { display: inline-block; width: 12px; height: 12px; margin-right: 4px;
             vertical-align: -2px; border-radius: 2px; }
 svg text { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; }
+svg.timeline { cursor: grab; touch-action: none; }
 .notes li { margin: 3px 0; }
 footer { margin-top: 28px; color: #7b8794; font-size: 12px; }
 """
 
+# Wheel over a timeline zooms around the pointer, dragging pans, a double click
+# resets; the time axis is redrawn for the visible window. Each SVG carries its
+# geometry in data- attributes (see timeline_svg). Marks each SVG data-zoom=ready.
+_ZOOM_SCRIPT = """
+(function () {
+  function nice(raw) {
+    var base = Math.pow(10, Math.floor(Math.log10(raw)));
+    var steps = [1, 2, 5, 10];
+    for (var i = 0; i < steps.length; i++) if (raw <= steps[i] * base) return steps[i] * base;
+    return 10 * base;
+  }
+  function label(t, step) {
+    return step >= 1e-3 ? +(t * 1e3).toFixed(6) + " ms" : +(t * 1e6).toFixed(3) + " us";
+  }
+  document.querySelectorAll("svg.timeline").forEach(function (svg) {
+    var d = svg.dataset, left = +d.left, width = +d.width, res = +d.res, span = +d.span;
+    var height = +d.height, top = +d.top, slices = svg.querySelector("g.slices");
+    var axis = svg.querySelector("g.axis"), a = 0, b = res, drag = null;
+    function draw() {
+      slices.setAttribute("transform", "translate(" + left + ",0) scale(" + width / (b - a) +
+                          ",1) translate(" + -a + ",0)");
+      var t0 = a / res * span, t1 = b / res * span, step = nice((t1 - t0) / 8), out = [];
+      for (var t = Math.ceil(t0 / step) * step; t <= t1 + step * 1e-9; t += step) {
+        var x = (left + (t - t0) / (t1 - t0) * width).toFixed(2);
+        out.push('<line x1="' + x + '" y1="' + (top - 6) + '" x2="' + x + '" y2="' + height +
+                 '" stroke="#d9e2ec" stroke-width="1"/><text x="' + x + '" y="' + (top - 10) +
+                 '" font-size="10" fill="#52606d" text-anchor="middle">' + label(t, step) +
+                 "</text>");
+      }
+      axis.innerHTML = out.join("");
+    }
+    function plotX(e) {
+      var box = svg.getBoundingClientRect();
+      return (e.clientX - box.left) * svg.viewBox.baseVal.width / box.width - left;
+    }
+    function clamp() {
+      var w = b - a;
+      if (a < 0) { a = 0; b = w; }
+      if (b > res) { b = res; a = res - w; }
+    }
+    svg.addEventListener("wheel", function (e) {
+      var x = plotX(e);
+      if (x < 0 || x > width) return;
+      e.preventDefault();
+      var u = a + x / width * (b - a);
+      var w = Math.min(res, Math.max(res / +d.maxZoom, (b - a) * Math.exp(e.deltaY * 0.002)));
+      a = u - (u - a) * w / (b - a);
+      b = a + w;
+      clamp();
+      draw();
+    }, {passive: false});
+    svg.addEventListener("pointerdown", function (e) {
+      drag = {x: plotX(e), a: a, b: b};
+      svg.setPointerCapture(e.pointerId);
+    });
+    svg.addEventListener("pointermove", function (e) {
+      if (!drag) return;
+      var shift = (plotX(e) - drag.x) / width * (drag.b - drag.a);
+      a = drag.a - shift;
+      b = drag.b - shift;
+      clamp();
+      draw();
+    });
+    svg.addEventListener("pointerup", function () { drag = null; });
+    svg.addEventListener("dblclick", function () { a = 0; b = res; draw(); });
+    draw();
+    svg.setAttribute("data-zoom", "ready");
+  });
+})();
+"""
 
-def render_html(what: WhatIf, timelines: Sequence[SimResult], title: str | None = None) -> str:
-    """The report; ``timelines`` are recorded results (``record=True``) to draw."""
+
+def render_html(
+    what: WhatIf,
+    timelines: Sequence[SimResult],
+    title: str | None = None,
+    trace_href: str | None = None,
+) -> str:
+    """The report; ``timelines`` are recorded results (``record=True``) to draw, and
+    ``trace_href`` the (relative) address of their Perfetto trace, for a link."""
     esc = html.escape
     best = best_result(what)
     base = what.baseline
+    communication = sum(1 for p in what.pairs if p.lane == "communication")
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -82,14 +173,15 @@ def render_html(what: WhatIf, timelines: Sequence[SimResult], title: str | None 
         f"<h1>What multi-streaming buys: {esc(what.module)}</h1>",
         f'<p class="sub">Predicted for {esc(what.target.description)} (target '
         f"<code>{esc(what.target.name)}</code>); {len(what.pairs)} async collective pairs, "
-        f"{sum(1 for p in what.pairs if p.needs_stream)} of them on collective streams.</p>",
+        f"{communication} of them on collective streams.</p>",
         '<section class="cards">',
         _card(f"K={base.streams} (one stream, as XLA runs today)", _ms(base.step_time)),
         _card(
             f"best: {best.label}",
             f"{_ms(best.step_time)} ({_speedup(base.step_time, best.step_time)})",
         ),
-        _card("lower bound (unlimited streams, no sharing)", _ms(what.lower_bound.step_time)),
+        _card(what.rule_bound.label, _ms(what.rule_bound.step_time)),
+        _card(what.lower_bound.label, _ms(what.lower_bound.step_time)),
         _card("compute only", _ms(base.compute_time)),
         _card("exposed communication at K=1", _ms(base.exposed_communication)),
         "</section>",
@@ -97,15 +189,30 @@ def render_html(what: WhatIf, timelines: Sequence[SimResult], title: str | None 
         _what_if_table(what, best),
         "<h2>Timelines</h2>",
         _legend(timelines),
+        '<p class="key">One section per distinct assignment and per bound; click a title to '
+        "open or close it. Over a timeline, the mouse wheel zooms (up to "
+        f"{MAX_ZOOM}x), dragging pans, a double click resets."
+        + (
+            f' Every instruction, at any zoom: the <a href="{esc(trace_href)}">Perfetto '
+            "trace</a> (open it in ui.perfetto.dev).</p>"
+            if trace_href
+            else " Every instruction, at any zoom: write the Perfetto trace too "
+            "(<code>--trace</code>) and open it in ui.perfetto.dev.</p>"
+        ),
     ]
     # One time scale for every timeline, so that they compare at a glance.
     span = max((r.step_time for r in timelines), default=0.0)
-    for result in timelines:
+    for i, result in enumerate(timelines):
+        why = [what.explanations[c] for c in result.configs if c in what.explanations]
+        opened = result is timelines[0] or best.configs[0] in result.configs or bool(why)
         parts.append(
-            f"<h3>{esc(result.label)}: step {_ms(result.step_time)}, exposed communication "
-            f"{_ms(result.exposed_communication)}</h3>"
+            f"<details{' open' if opened else ''}><summary>{esc(result.label)}: step "
+            f"{_ms(result.step_time)} ({_speedup(base.step_time, result.step_time)}), exposed "
+            f"communication {_ms(result.exposed_communication)}</summary>"
         )
-        parts.append(timeline_svg(result, span))
+        parts.extend(f'<p class="why">{esc(w)}</p>' for w in why)
+        parts.append(timeline_svg(result, span, i))
+        parts.append("</details>")
     parts.append("<h2>Stream assignment</h2>")
     parts.append(_assignment_table(what))
     notes = list(what.notes) + what.non_monotone()
@@ -119,18 +226,9 @@ def render_html(what: WhatIf, timelines: Sequence[SimResult], title: str | None 
         "<footer>Cost model and constants: <code>xla_streams/simulate/cost.py</code>, "
         "<code>xla_streams/simulate/targets.py</code>. Sources: "
         + "; ".join(esc(s) for s in what.target.sources)
-        + ".</footer></body></html>"
+        + f".</footer><script>{_ZOOM_SCRIPT}</script></body></html>"
     )
     return "\n".join(parts)
-
-
-def write_html(
-    path: str | Path, what: WhatIf, timelines: Sequence[SimResult], title: str | None = None
-) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html(what, timelines, title), encoding="utf-8")
-    return path
 
 
 def best_result(what: WhatIf) -> SimResult:
@@ -139,21 +237,27 @@ def best_result(what: WhatIf) -> SimResult:
     return min(ordered, key=lambda r: round(r.step_time, 12))
 
 
-def timeline_svg(result: SimResult, span: float | None = None) -> str:
+def timeline_svg(result: SimResult, span: float | None = None, index: int = 0) -> str:
     """One lane per stream (compute on top), slices as rectangles, a time axis from 0
-    to ``span`` seconds (default: the result's step time)."""
+    to ``span`` seconds (default: the result's step time). ``index`` keeps the ids of
+    several timelines on one page apart."""
     lanes = lanes_of(result)
     row = {lane: i for i, lane in enumerate(lanes)}
     span = max(span or result.step_time, 1e-12)
-    scale = PLOT_WIDTH / span
+    resolution = PLOT_WIDTH * OVERSAMPLE
+    scale = resolution / span  # grid units per second
     height = AXIS_HEIGHT + len(lanes) * (LANE_HEIGHT + LANE_GAP)
     width = LABEL_WIDTH + PLOT_WIDTH + 10
+    clip = f"plot-{index}"
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="timeline" width="{width}" '
         f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
-        f'aria-label="{html.escape(result.label)} timeline">'
+        f'aria-label="{html.escape(result.label)} timeline" data-left="{LABEL_WIDTH}" '
+        f'data-width="{PLOT_WIDTH}" data-res="{resolution}" data-span="{span!r}" '
+        f'data-height="{height}" data-top="{AXIS_HEIGHT}" data-max-zoom="{MAX_ZOOM}">'
+        f'<defs><clipPath id="{clip}"><rect x="{LABEL_WIDTH}" y="0" width="{PLOT_WIDTH}" '
+        f'height="{height}"/></clipPath></defs>'
     ]
-    out.extend(_axis(span, scale, height))
     for lane, i in row.items():
         y = AXIS_HEIGHT + i * (LANE_HEIGHT + LANE_GAP)
         busy = result.lane_busy.get(lane, 0.0)
@@ -166,6 +270,11 @@ def timeline_svg(result: SimResult, span: float | None = None) -> str:
             f'<text x="{LABEL_WIDTH - 8}" y="{y + LANE_HEIGHT - 1}" text-anchor="end" '
             f'font-size="9" fill="#7b8794">busy {_ms(busy)}</text></g>'
         )
+    out.append(f'<g class="axis">{"".join(_axis(span, height))}</g>')
+    out.append(
+        f'<g clip-path="url(#{clip})"><g class="slices" transform="translate({LABEL_WIDTH},0) '
+        f'scale({PLOT_WIDTH / resolution:g},1)">'
+    )
     by_lane: dict[int, list[Slice]] = {}
     for s in result.slices or ():
         if s.duration > 0 and s.lane in row:
@@ -174,22 +283,23 @@ def timeline_svg(result: SimResult, span: float | None = None) -> str:
     for lane, slices in by_lane.items():
         y = AXIS_HEIGHT + row[lane] * (LANE_HEIGHT + LANE_GAP) + 2
         h = LANE_HEIGHT - 4
-        for x, w, kind, label in _pixels(sorted(slices, key=lambda s: s.start), scale):
+        for x, w, kind, label in _merged(sorted(slices, key=lambda s: s.start), scale):
             color = KIND_COLORS.get(kind, OTHER_COLOR)
             title = ""
             if titles < MAX_TITLES:
                 title = f"<title>{html.escape(label)}</title>"
                 titles += 1
             out.append(
-                f'<rect class="slice" x="{LABEL_WIDTH + x:.2f}" y="{y}" width="{w:.2f}" '
-                f'height="{h}" fill="{color}">{title}</rect>'
+                f'<rect class="slice" x="{x:.2f}" y="{y}" width="{w:.2f}" height="{h}" '
+                f'fill="{color}">{title}</rect>'
             )
-    out.append("</svg>")
+    out.append("</g></g></svg>")
     return "".join(out)
 
 
-def _pixels(slices: list[Slice], scale: float) -> list[tuple[float, float, str, str]]:
-    """(x, width, kind, tooltip) rectangles; runs of sub-pixel slices become one."""
+def _merged(slices: list[Slice], scale: float) -> list[tuple[float, float, str, str]]:
+    """(x, width, kind, tooltip) rectangles in grid units; runs of slices narrower than
+    a grid unit become one."""
     items: list[tuple[float, float, str, str]] = []
     cluster: list[Slice] = []
 
@@ -208,19 +318,19 @@ def _pixels(slices: list[Slice], scale: float) -> list[tuple[float, float, str, 
             if len(cluster) == 1
             else f"{len(cluster)} ops, {total * 1e6:.1f} us (mostly {kind})"
         )
-        items.append((start, max(end - start, MIN_PIXELS), kind, label))
+        items.append((start, max(end - start, MIN_UNITS), kind, label))
         cluster.clear()
 
     for s in slices:
         width = s.duration * scale
-        if width >= MIN_PIXELS:
+        if width >= MIN_UNITS:
             flush()
             items.append((s.start * scale, width, s.kind, _tooltip(s)))
             continue
         if cluster and (s.start - cluster[-1].start - cluster[-1].duration) * scale > 0.5:
             flush()
         cluster.append(s)
-        if (s.start + s.duration - cluster[0].start) * scale >= MIN_PIXELS:
+        if (s.start + s.duration - cluster[0].start) * scale >= MIN_UNITS:
             flush()
     flush()
     return items
@@ -233,12 +343,13 @@ def _tooltip(s: Slice) -> str:
     return f"{s.name or s.kind} ({s.kind}): {s.duration * 1e6:.2f} us{extra}"
 
 
-def _axis(span: float, scale: float, height: int) -> list[str]:
+def _axis(span: float, height: int) -> list[str]:
+    """Grid lines and labels of the whole span (the zoom script redraws them)."""
     step = _nice_step(span / 8)
     out = []
     t = 0.0
     while t <= span * (1 + 1e-9):
-        x = LABEL_WIDTH + t * scale
+        x = LABEL_WIDTH + t / span * PLOT_WIDTH
         out.append(
             f'<line x1="{x:.2f}" y1="{AXIS_HEIGHT - 6}" x2="{x:.2f}" y2="{height}" '
             'stroke="#d9e2ec" stroke-width="1"/>'
@@ -262,7 +373,7 @@ def _nice_step(raw: float) -> float:
 
 def _time_label(t: float, step: float) -> str:
     if step >= 1e-3:
-        return f"{t * 1e3:g} ms"
+        return f"{round(t * 1e3, 6):g} ms"
     return f"{round(t * 1e6, 3):g} us"
 
 
@@ -302,14 +413,17 @@ def _what_if_table(what: WhatIf, best: SimResult) -> str:
                 f"<td>{_speedup(base, r.step_time)}</td><td>{used}</td>"
             )
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    lb = what.lower_bound
     span = 4 * len(what.policies)
-    rows.append(
-        f'<tr class="lb"><td class="l">lower bound</td><td colspan="{span}" class="l">'
-        f"{_ms(lb.step_time)} (exposed {_ms(lb.exposed_communication)}, "
-        f"{_speedup(base, lb.step_time)}): every collective on its own stream, no "
-        "bandwidth sharing</td></tr>"
-    )
+    for bound, how in (
+        (what.rule_bound, "each group of pairs the deadlock rule ties on a stream of its own"),
+        (what.lower_bound, "every collective on a stream of its own"),
+    ):
+        rows.append(
+            f'<tr class="lb"><td class="l">{html.escape(bound.label)}</td>'
+            f'<td colspan="{span}" class="l">{_ms(bound.step_time)} (exposed '
+            f"{_ms(bound.exposed_communication)}, {_speedup(base, bound.step_time)}): {how}, "
+            "no bandwidth sharing</td></tr>"
+        )
     rows.append(
         f'<tr class="lb"><td class="l">serial</td><td colspan="{span}" class="l">'
         f"{_ms(what.serial)}: compute plus every collective, nothing overlapped</td></tr>"
@@ -322,7 +436,7 @@ def _assignment_table(what: WhatIf) -> str:
     head = [
         '<table class="assignment"><tr><th class="l">start</th><th class="l">kind</th>'
         '<th class="l">computation</th><th>bytes</th><th class="l">groups</th>'
-        '<th class="l">link, algorithm</th><th>standalone</th>'
+        '<th class="l">link, algorithm</th><th>standalone</th><th class="l">XLA runs it on</th>'
     ]
     head += [f"<th>K={k}<br>{html.escape(p)}</th>" for k, p in configs]
     head.append("</tr>")
@@ -341,12 +455,13 @@ def _assignment_table(what: WhatIf) -> str:
             f'<td class="l">{"network" if cost.network else "NVLink"}, {cost.algorithm}/'
             f"{cost.protocol}</td>",
             f"<td>{cost.seconds * 1e6:.1f} us</td>",
+            f'<td class="l">{html.escape(runs_on(pair))}</td>',
         ]
         for key in configs:
             assignment = what.assignments[key]
             stream = assignment.stream_of.get(pair.start)
-            if stream is None:
-                text = "sync" if pair.sync else "p2p"
+            if pair.lane != "communication" or stream is None:
+                text = "compute" if pair.lane == "compute" else "p2p"
             else:
                 text = str(stream)
                 if pair.start in assignment.serialized_by_rule:
@@ -359,8 +474,11 @@ def _assignment_table(what: WhatIf) -> str:
     footer = f"<p>{more} more pairs not shown.</p>" if more > 0 else ""
     explanation = (
         '<p class="key">* queued behind a pair it shares two or more devices with (deadlock rule); '
-        "&dagger; queued behind another pair because only K streams exist; sync pairs run on "
-        "the compute stream, pipelined send/recv on XLA's P2P stream.</p>"
+        "&dagger; queued behind another pair because only K streams exist. "
+        '"XLA runs it on" is where the compiled module puts it whatever the assignment '
+        "says: sync pairs on the compute stream, or (for settings where XLA makes them async "
+        "thunks) on collective stream 0, where they queue behind whatever is there; pipelined "
+        "send/recv on XLA's P2P stream.</p>"
     )
     return "".join(head) + "".join(rows) + "</table>" + footer + explanation
 
@@ -395,5 +513,4 @@ __all__ = [
     "best_result",
     "render_html",
     "timeline_svg",
-    "write_html",
 ]

@@ -11,8 +11,12 @@ The model:
   collectives queued before it (streams are FIFO).
 - A done blocks the compute stream until its collective has finished; the time
   blocked is *exposed communication*.
-- Sync pairs (``is_sync``) and collectives that are not async at all run on the
-  compute stream: it issues them and waits.
+- Each pair runs where XLA runs it (``AsyncPair.lane``, from the
+  :class:`~xla_streams.collectives.StreamModel`): on the compute lane the compute
+  stream issues it and waits, as for a collective that is not async at all; on
+  the p2p lane it goes to XLA's P2P stream; on the communication lane to the
+  assignment's stream, sync pairs included (XLA pins those to stream 0, where
+  they queue behind whatever is there, and the compute stream waits at once).
 - A collective first spends its latency (unshared), then moves its wire bytes.
   Collectives transferring at the same time over the same link (a device's
   NVLink, or its network port) share its bandwidth equally (processor
@@ -22,8 +26,12 @@ The model:
   says so. As soon as an iteration starts and ends with no collective in flight,
   every later iteration is identical, so they are added without replaying them.
   A ``conditional`` runs its most expensive branch; ``call`` runs its callee.
-- The lower bound gives every collective its own stream and its links to
-  itself: nothing queues and nothing shares bandwidth.
+- Two bounds, both without bandwidth sharing, and both leaving the compute and
+  p2p lanes and XLA's pin of sync pairs to stream 0 as they are: the *lower
+  bound* gives every collective its own stream (unbounded streams, ignoring
+  the deadlock rule); the *rule bound* gives each group of pairs the deadlock
+  rule ties together (``tied_units``) one stream of its own, the best any K
+  can do while keeping the rule.
 
 Predictions: step time, exposed communication, busy time per stream, for each
 stream count K and policy, with the real assignment of ``assign-streams``.
@@ -45,10 +53,17 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from xla_streams.collectives import POLICIES, AsyncPair, Policy, StreamAssignment
+from xla_streams.collectives import (
+    POLICIES,
+    SYNC_PAIR_STREAM,
+    AsyncPair,
+    Policy,
+    StreamAssignment,
+    StreamModel,
+)
 from xla_streams.hlo import Computation, Instruction, Module
 from xla_streams.hlo.attributes import decode, parse_backend_config
-from xla_streams.passes.assign_streams import assign_streams
+from xla_streams.passes.assign_streams import assign_streams, tied_units
 from xla_streams.passes.find_async_pairs import (
     COLLECTIVES,
     device_groups,
@@ -62,10 +77,13 @@ _COMPUTE, _START, _DONE, _SYNC, _FIRE, _WHILE = range(6)
 # Lanes other than the collective streams 0..K-1.
 COMPUTE_LANE = -1
 P2P_LANE = -2
-# Lower bound: each collective takes the lowest-numbered of unlimited streams that
-# is idle when it starts, numbered from here (only the drawing sees the numbers).
+# Bounds: streams of their own, numbered from here (only the drawing sees the
+# numbers); in the lower bound each collective takes the lowest-numbered one
+# idle when it starts (_DYNAMIC).
 _UNLIMITED_BASE = 1_000_000
 _DYNAMIC = -3
+LOWER_BOUND_LABEL = "lower bound (unbounded streams, ignoring the deadlock rule)"
+RULE_BOUND_LABEL = "rule bound (a stream for each group the deadlock rule ties)"
 # Relative tolerance when deciding that two event times coincide.
 _EPS = 1e-12
 MAX_RECORDED_SLICES = 200_000
@@ -106,6 +124,7 @@ class Slice:
     start: float
     duration: float
     args: dict[str, Any] = field(default_factory=dict)
+    collective: bool = False  # a collective's run (else compute, a wait or repeats)
 
 
 @dataclass
@@ -113,7 +132,7 @@ class SimResult:
     """What one configuration of streams is predicted to do."""
 
     label: str
-    streams: int | None  # None: the lower bound (unlimited streams)
+    streams: int | None  # None: a bound (streams of their own)
     policy: str | None
     step_time: float
     compute_time: float
@@ -122,6 +141,8 @@ class SimResult:
     notes: list[str]
     slices: list[Slice] | None = None
     truncated: bool = False
+    # The (K, policy) configurations it stands for (several when they assign alike).
+    configs: tuple[tuple[int, str], ...] = ()
 
     def lane_name(self, lane: int) -> str:
         return lane_name(lane)
@@ -135,6 +156,17 @@ def lane_name(lane: int) -> str:
     if lane >= _UNLIMITED_BASE:
         return f"own stream {lane - _UNLIMITED_BASE}"
     return f"collective stream {lane}"
+
+
+def runs_on(pair: AsyncPair) -> str:
+    """Where XLA runs ``pair``, in words (its lane; see :class:`StreamModel`)."""
+    if pair.lane == "compute":
+        return "compute stream (sync: issued and waited for there)"
+    if pair.lane == "p2p":
+        return "XLA's P2P stream"
+    if pair.sync:
+        return f"collective stream {SYNC_PAIR_STREAM} (sync: XLA pins it there)"
+    return "the collective stream assigned"
 
 
 class _Job:
@@ -281,9 +313,12 @@ class _Network:
 
 
 class _Recorder:
-    def __init__(self, limit: int) -> None:
+    """Slices as the replay goes; without ``compute``, only collectives and waits."""
+
+    def __init__(self, limit: int, compute: bool = True) -> None:
         self.slices: list[Slice] = []
         self.limit = limit
+        self.compute = compute
         self.truncated = False
 
     def add(self, item: Slice) -> None:
@@ -313,6 +348,7 @@ class _Recorder:
                     "queued_us": round((job.begin - job.ready) * 1e6, 3),
                     "latency_us": round(spec.cost.latency * 1e6, 3),
                 },
+                collective=True,
             )
         )
 
@@ -326,13 +362,16 @@ class Simulator:
         target: Target,
         pairs: Sequence[AsyncPair] | None = None,
         *,
+        model: StreamModel | None = None,
         progress: Progress | None = None,
     ) -> None:
+        """``pairs`` as ``find-async-pairs`` found them, or found here under ``model``
+        (default: the safe assumption, see :class:`StreamModel`)."""
         self.module = module
         self.target = target
         self.cost = CostModel(module, target)
         self.pairs: tuple[AsyncPair, ...] = tuple(
-            pairs if pairs is not None else find_async_pairs(module)
+            pairs if pairs is not None else find_async_pairs(module, model)
         )
         self.progress = progress
         self.notes: list[str] = []
@@ -365,13 +404,13 @@ class Simulator:
             opcode = inst.opcode
             pair_index = self._pair_of_start.get(name)
             if pair_index is not None:
-                spec = self.specs[pair_index]
-                steps.append((_SYNC if self.pairs[pair_index].sync else _START, pair_index))
-                serial += spec.cost.seconds
+                on_compute = self.pairs[pair_index].lane == "compute"
+                steps.append((_SYNC if on_compute else _START, pair_index))
+                serial += self.specs[pair_index].cost.seconds
                 continue
             pair_index = self._pair_of_done.get(name)
             if pair_index is not None:
-                if not self.pairs[pair_index].sync:
+                if self.pairs[pair_index].lane != "compute":
                     steps.append((_DONE, pair_index))
                 continue
             if opcode == "while":
@@ -503,34 +542,105 @@ class Simulator:
 
     def run(
         self,
-        assignment: StreamAssignment | None,
+        assignment: StreamAssignment,
         *,
         record: bool = False,
         label: str | None = None,
-        share_bandwidth: bool | None = None,
+        share_bandwidth: bool = True,
     ) -> SimResult:
-        """Replay with ``assignment``'s streams, or the lower bound when None.
+        """Replay with ``assignment``'s streams; ``share_bandwidth`` turns the sharing
+        of links between concurrent collectives on or off."""
+        return self._result(
+            self._lanes(assignment),
+            share=share_bandwidth,
+            record=record,
+            label=label or f"K={assignment.streams} {assignment.policy}",
+            streams=assignment.streams,
+            policy=assignment.policy,
+        )
 
-        ``share_bandwidth`` (default: True except for the lower bound) turns the
-        sharing of links between concurrent collectives on or off."""
-        share = assignment is not None if share_bandwidth is None else share_bandwidth
-        lanes: list[int] = []
-        for i, spec in enumerate(self.specs):
-            if i >= len(self.pairs):
-                lanes.append(P2P_LANE)
-                continue
-            if assignment is None:
-                lanes.append(_DYNAMIC)
-                continue
-            stream = assignment.stream_of.get(spec.name)
-            lanes.append(P2P_LANE if stream is None else stream)
-        recorder = _Recorder(MAX_RECORDED_SLICES) if record else None
+    def collective_timeline(self, assignment: StreamAssignment) -> SimResult:
+        """``run(assignment, record=True)`` with only the collectives' and the waits'
+        slices: what explaining a prediction needs, at a fraction of the cost."""
+        return self._result(
+            self._lanes(assignment),
+            share=True,
+            record=True,
+            compute_slices=False,
+            label=f"K={assignment.streams} {assignment.policy}",
+            streams=assignment.streams,
+            policy=assignment.policy,
+        )
+
+    def _lanes(self, assignment: StreamAssignment) -> list[int]:
+        lanes = []
+        for pair in self.pairs:
+            lane = self._fixed_lane(pair)
+            if lane is None:
+                stream = assignment.stream_of.get(pair.start)
+                if stream is None:
+                    raise ValueError(
+                        f"the assignment gives no stream to '%{pair.start}', which runs on a "
+                        "collective stream"
+                    )
+                lane = stream
+            lanes.append(lane)
+        return lanes
+
+    def bound(self, *, respect_rule: bool, record: bool = False) -> SimResult:
+        """The lower bound (``respect_rule=False``) or the rule bound (see the module
+        docstring); neither shares bandwidth. XLA runs a sync pair of the communication
+        lane on stream 0 whatever it is assigned (:class:`StreamModel`): so do both."""
+        lanes = [
+            SYNC_PAIR_STREAM
+            if pair.lane == "communication" and pair.sync
+            else self._fixed_lane(pair)
+            for pair in self.pairs
+        ]
+        if respect_rule:
+            # A group holding a sync pair goes where XLA pins that pair.
+            index = {p.start: i for i, p in enumerate(self.pairs)}
+            communication = [p for p in self.pairs if p.lane == "communication"]
+            for u, unit in enumerate(tied_units(communication)):
+                pinned = any(p.sync for p in unit)
+                for p in unit:
+                    lanes[index[p.start]] = SYNC_PAIR_STREAM if pinned else _UNLIMITED_BASE + u
+        return self._result(
+            [_DYNAMIC if lane is None else lane for lane in lanes],
+            share=False,
+            record=record,
+            label=RULE_BOUND_LABEL if respect_rule else LOWER_BOUND_LABEL,
+            streams=None,
+            policy=None,
+        )
+
+    @staticmethod
+    def _fixed_lane(pair: AsyncPair) -> int | None:
+        """The lane of a pair off the communication lane; None: a collective stream."""
+        if pair.lane == "p2p":
+            return P2P_LANE
+        if pair.lane == "compute":
+            return COMPUTE_LANE  # its _SYNC step runs it there
+        return None
+
+    def _result(
+        self,
+        lanes: list[int],
+        *,
+        share: bool,
+        record: bool,
+        label: str,
+        streams: int | None,
+        policy: str | None,
+        compute_slices: bool = True,
+    ) -> SimResult:
+        recorder = _Recorder(MAX_RECORDED_SLICES, compute_slices) if record else None
         # Different (K, policy) often give the same streams: replay each once.
         key = (share, *lanes)
         outcome = None if record else self._outcomes.get(key)
         if outcome is None:
             replay = _Replay(self, lanes, share=share, recorder=recorder)
-            replay.program(self.entry.steps if record else self._entry_merged)
+            replay.program(self.entry.steps if record and compute_slices else self._entry_merged)
             replay.finish()
             lane_busy = dict(sorted(replay.network.busy.items()))
             lane_busy[COMPUTE_LANE] = replay.compute_busy
@@ -538,14 +648,8 @@ class Simulator:
             if not record:
                 self._outcomes[key] = outcome
         step_time, compute_busy, exposed, lane_busy = outcome
-        if assignment is None:
-            streams, policy = None, None
-            default_label = "lower bound"
-        else:
-            streams, policy = assignment.streams, assignment.policy
-            default_label = f"K={assignment.streams} {assignment.policy}"
         return SimResult(
-            label=label or default_label,
+            label=label,
             streams=streams,
             policy=policy,
             step_time=step_time,
@@ -555,7 +659,18 @@ class Simulator:
             notes=list(self.notes),
             slices=recorder.slices if recorder is not None else None,
             truncated=recorder.truncated if recorder is not None else False,
+            configs=() if streams is None or policy is None else ((streams, policy),),
         )
+
+    def kernels(self) -> dict[str, tuple[str, float]]:
+        """Each compute instruction the replay charges (not collectives, not control
+        flow): its name -> (cost class, seconds of one execution)."""
+        found: dict[str, tuple[str, float]] = {}
+        for program in self._programs.values():
+            for step in program.steps:
+                if step[0] == _COMPUTE:
+                    found[step[2]] = (step[3], step[1])
+        return found
 
     def serial_time(self) -> float:
         """Everything one after another: compute plus every collective standalone."""
@@ -566,6 +681,8 @@ class _Replay:
     def __init__(
         self, sim: Simulator, lanes: list[int], share: bool, recorder: _Recorder | None
     ) -> None:
+        """``lanes``: the lane of each pair (``_DYNAMIC``: an idle stream of its own);
+        the other collectives' steps say their lanes."""
         self.sim = sim
         self.specs = sim.specs
         self.lanes = lanes
@@ -584,7 +701,7 @@ class _Replay:
             tag = step[0]
             if tag == _COMPUTE:
                 seconds = step[1]
-                if recorder is not None:
+                if recorder is not None and recorder.compute:
                     recorder.add(
                         Slice(
                             COMPUTE_LANE, step[2], step[3], self.t, seconds,
@@ -670,7 +787,7 @@ class _Replay:
             repeats = trip - i
             t0, busy0, exposed0, lanes0 = before
             duration = self.t - t0
-            if self.recorder is not None:
+            if self.recorder is not None and self.recorder.compute:
                 self.recorder.add(
                     Slice(
                         COMPUTE_LANE, f"{name}: {repeats} more iterations", "repeat", self.t,
@@ -717,7 +834,11 @@ def trip_count(inst: Instruction) -> tuple[int, bool]:
 
 @dataclass
 class WhatIf:
-    """Predictions for every stream count and policy, plus the lower bound."""
+    """Predictions for every stream count and policy, and the two bounds.
+
+    ``explanations`` say, for each (K, policy) predicted slower than the next
+    smaller K under the same policy, why, naming the pairs that cause it.
+    """
 
     module: str
     target: Target
@@ -726,11 +847,12 @@ class WhatIf:
     results: dict[tuple[int, str], SimResult]
     assignments: dict[tuple[int, str], StreamAssignment]
     lower_bound: SimResult
+    rule_bound: SimResult
     serial: float
     pairs: tuple[AsyncPair, ...]
     specs: list[CollectiveSpec]
     notes: list[str]
-    explanations: list[str] = field(default_factory=list)
+    explanations: dict[tuple[int, str], str] = field(default_factory=dict)
 
     def result(self, streams: int, policy: str) -> SimResult:
         return self.results[(streams, policy)]
@@ -742,7 +864,7 @@ class WhatIf:
 
     def non_monotone(self) -> list[str]:
         """Why a larger K is predicted slower than a smaller one, where it is."""
-        return list(self.explanations)
+        return list(self.explanations.values())
 
 
 def what_if(
@@ -752,6 +874,7 @@ def what_if(
     policies: Iterable[Policy] = POLICIES,
     *,
     pairs: Sequence[AsyncPair] | None = None,
+    model: StreamModel | None = None,
     progress: Progress | None = None,
     simulator: Simulator | None = None,
 ) -> WhatIf:
@@ -761,7 +884,7 @@ def what_if(
     say = progress or (lambda _message: None)
     if simulator is None:
         say(f"cost model: {module.name}")
-        simulator = Simulator(module, target, pairs, progress=progress)
+        simulator = Simulator(module, target, pairs, model=model, progress=progress)
     results: dict[tuple[int, str], SimResult] = {}
     assignments: dict[tuple[int, str], StreamAssignment] = {}
     for policy in policies:
@@ -770,8 +893,9 @@ def what_if(
             assignment = assign_streams(simulator.pairs, k, policy)
             assignments[(k, policy)] = assignment
             results[(k, policy)] = simulator.run(assignment)
-    say("simulating the lower bound")
-    lower = simulator.run(None)
+    say("simulating the bounds")
+    lower = simulator.bound(respect_rule=False)
+    rule = simulator.bound(respect_rule=True)
     explanations = _explain_non_monotone(simulator, streams, policies, results, assignments)
     return WhatIf(
         module=module.name,
@@ -781,6 +905,7 @@ def what_if(
         results=results,
         assignments=assignments,
         lower_bound=lower,
+        rule_bound=rule,
         serial=simulator.serial_time(),
         pairs=simulator.pairs,
         specs=simulator.specs,
@@ -791,6 +916,10 @@ def what_if(
 
 # Relative slack before a larger K counts as slower than a smaller one.
 MONOTONE_TOLERANCE = 1e-9
+# How many of the collectives waited for longer an explanation names, and how many
+# collectives it names as sharing links with, or running ahead of, each.
+MAX_VICTIMS = 3
+MAX_CULPRITS = 5
 
 
 def _explain_non_monotone(
@@ -799,33 +928,113 @@ def _explain_non_monotone(
     policies: tuple[Policy, ...],
     results: dict[tuple[int, str], SimResult],
     assignments: dict[tuple[int, str], StreamAssignment],
-) -> list[str]:
-    """For each K predicted slower than the K before it, replay both without bandwidth
-    sharing to tell the two possible causes apart."""
-    out = []
+) -> dict[tuple[int, str], str]:
+    """For each K predicted slower than the K before it: replays without bandwidth
+    sharing tell the two possible causes apart, and recorded replays name the pairs."""
+    out: dict[tuple[int, str], str] = {}
+    timelines: dict[tuple[tuple[str, int | None], ...], SimResult] = {}
     for policy in policies:
         for smaller, k in pairwise(streams):
             slow, fast = results[(k, policy)], results[(smaller, policy)]
             if slow.step_time <= fast.step_time * (1 + MONOTONE_TOLERANCE):
                 continue
-            unshared_slow = simulator.run(assignments[(k, policy)], share_bandwidth=False)
-            unshared_fast = simulator.run(assignments[(smaller, policy)], share_bandwidth=False)
+            slow_assignment, fast_assignment = (
+                assignments[(k, policy)],
+                assignments[(smaller, policy)],
+            )
+            unshared_slow = simulator.run(slow_assignment, share_bandwidth=False)
+            unshared_fast = simulator.run(fast_assignment, share_bandwidth=False)
             head = (
                 f"{policy}: K={k} ({slow.step_time * 1e3:.4f} ms) is predicted slower than "
                 f"K={smaller} ({fast.step_time * 1e3:.4f} ms): "
             )
             if unshared_slow.step_time <= unshared_fast.step_time * (1 + MONOTONE_TOLERANCE):
-                out.append(
-                    head + "collectives that now run at the same time share link bandwidth, so "
+                cause = (
+                    "collectives that now run at the same time share link bandwidth, so "
                     "the one the compute stream waits for first finishes later than it would "
-                    "have queued alone (without sharing K="
-                    f"{k} would take {unshared_slow.step_time * 1e3:.4f} ms, K={smaller} "
+                    f"have queued alone (without sharing K={k} would take "
+                    f"{unshared_slow.step_time * 1e3:.4f} ms, K={smaller} "
                     f"{unshared_fast.step_time * 1e3:.4f} ms)"
                 )
             else:
-                out.append(
-                    head + f"the {policy} assignment for K={k} queues collectives behind "
+                cause = (
+                    f"the {policy} assignment for K={k} queues collectives behind "
                     f"different ones than for K={smaller}, and a collective the compute stream "
                     "needs early now waits behind a later one"
                 )
+            named = _named_causes(simulator, slow_assignment, fast_assignment, timelines)
+            out[(k, policy)] = head + cause + "".join(f". {n}" for n in named)
     return out
+
+
+def _named_causes(
+    sim: Simulator,
+    slow: StreamAssignment,
+    fast: StreamAssignment,
+    timelines: dict[tuple[tuple[str, int | None], ...], SimResult],
+) -> list[str]:
+    """One sentence for each collective the compute stream waits for longer under
+    ``slow`` than under ``fast`` (longest first): which collectives share its links
+    while it runs, and which run ahead of it on its stream, under ``slow``.
+    ``timelines`` keeps the replays by streams, for the next call."""
+
+    def timeline(assignment: StreamAssignment) -> SimResult:
+        key = tuple(assignment.stream_of.items())
+        if key not in timelines:
+            timelines[key] = sim.collective_timeline(assignment)
+        return timelines[key]
+
+    slow_run = timeline(slow)
+    fast_waits = _waits(timeline(fast))
+    extra = {name: w - fast_waits.get(name, 0.0) for name, w in _waits(slow_run).items()}
+    tolerance = MONOTONE_TOLERANCE * max(slow_run.step_time, 1e-12)
+    victims = sorted((n for n, e in extra.items() if e > tolerance), key=lambda n: -extra[n])
+    jobs = [s for s in slow_run.slices or () if s.collective]
+    links = {spec.name: set(spec.cost.resources) for spec in sim.specs}
+    sentences = []
+    for name in victims[:MAX_VICTIMS]:
+        sharing: dict[str, int] = {}  # collective -> its lane
+        ahead: dict[str, int] = {}
+        occurrences = [s for s in jobs if s.name == name]
+        for v in occurrences:
+            # When it was issued (its slice starts when its stream took it).
+            ready = v.start - v.args["queued_us"] * 1e-6 - 1e-9
+            end = v.start + v.duration
+            for o in jobs:
+                if o.name == name:
+                    continue
+                o_end = o.start + o.duration
+                if o.lane == v.lane and o.start < v.start and o_end > ready:
+                    ahead[o.name] = o.lane
+                elif o.start < end and v.start < o_end and links[name] & links[o.name]:
+                    sharing[o.name] = o.lane
+        first = occurrences[0] if occurrences else None
+        where = f"{first.kind}, {lane_name(first.lane)}" if first else "collective"
+        sentence = f"%{name} ({where}) is waited for {extra[name] * 1e6:.1f} us longer"
+        if sharing:
+            sentence += f"; it shares link bandwidth with {_names(sharing)}"
+        if ahead:
+            stream = lane_name(next(iter(ahead.values())))
+            sentence += f"; it queues on {stream} behind {_names(ahead)}"
+        sentences.append(sentence)
+    return sentences
+
+
+def _waits(result: SimResult) -> dict[str, float]:
+    """Per collective, how long the compute stream waited for it (a collective on the
+    compute lane: its whole time)."""
+    waits: dict[str, float] = {}
+    for s in result.slices or ():
+        if s.lane != COMPUTE_LANE:
+            continue
+        name = s.args.get("collective") if s.kind == "wait" else s.name if s.collective else None
+        if name is not None:
+            waits[name] = waits.get(name, 0.0) + s.duration
+    return waits
+
+
+def _names(lanes: dict[str, int]) -> str:
+    """``%a (collective stream 1), %b (compute)``, at most MAX_CULPRITS, then a count."""
+    items = [f"%{n} ({lane_name(lane)})" for n, lane in sorted(lanes.items())]
+    more = len(items) - MAX_CULPRITS
+    return ", ".join(items[:MAX_CULPRITS]) + (f" and {more} more" if more > 0 else "")

@@ -43,7 +43,8 @@ bandwidth factor) for the latency terms, per protocol (``protocols``):
   trees; per ring step 0.47 / 2.7 us, per tree step 0.52 / 5.0 us (NVLink /
   network); a quarter of the bandwidth (``busBw *= 1.0/4.0`` for Ring/LL).
 
-Modelling assumptions (not datasheet numbers; calibrate them with a JSON file):
+Modelling assumptions (not datasheet numbers; override them with a JSON file, or
+correct whole kernel classes with measured ratios: ``calibration.py``):
 
 - ``matrix_efficiency`` 0.7: large GEMMs reach about 70% of dense tensor-core peak.
 - ``memory_efficiency`` 0.8: streaming kernels reach about 80% of HBM peak.
@@ -143,6 +144,13 @@ class Target:
     link_efficiency: float = 0.8
     kernel_overhead: float = 2.0 * MICRO
     sources: tuple[str, ...] = field(default=())
+    # Measured / predicted time per kernel class ("matmul", "memory") and collective
+    # kind, from a calibration file (calibration.py); a class not listed keeps 1.
+    calibration: dict[str, float] = field(default_factory=dict)
+
+    def time_ratio(self, kind: str) -> float:
+        """What the calibration multiplies predictions of ``kind`` by (1 without one)."""
+        return self.calibration.get(kind, 1.0)
 
     def matrix_rate(self, element_type: str) -> float:
         """Achievable FLOP/s of a dot whose operands have ``element_type``."""
@@ -243,7 +251,8 @@ def load_target(path: str | Path, base: str | None = None) -> Target:
 def target_with_overrides(
     target: Target, overrides: dict[str, Any], origin: str = "overrides"
 ) -> Target:
-    fields = {f.name: f for f in dataclasses.fields(Target)}
+    # Ratios come from a calibration file (calibration.py), with their provenance.
+    fields = {f.name: f for f in dataclasses.fields(Target) if f.name != "calibration"}
     changes: dict[str, Any] = {}
     for key, value in overrides.items():
         if key not in fields:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from xla_streams.simulate.simulator import (
@@ -91,15 +90,6 @@ def trace_events(results: Sequence[SimResult], module_name: str, target: Target)
 
 def trace_json(results: Sequence[SimResult], module_name: str, target: Target) -> str:
     return json.dumps(trace_events(results, module_name, target), separators=(",", ":"))
-
-
-def write_trace(
-    path: str | Path, results: Sequence[SimResult], module_name: str, target: Target
-) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(trace_json(results, module_name, target), encoding="utf-8")
-    return path
 
 
 def _meta(event: str, pid: int, tid: int, **args: Any) -> dict[str, Any]:

@@ -1,0 +1,191 @@
+"""Measured corrections to the cost model: the calibration file.
+
+The cost model's constants come from datasheets and NCCL's tuner (``targets.py``);
+a calibration file says, per target, how far off its predictions were on a real
+GPU, as ``measured time / predicted time`` per kernel class. The simulator then
+multiplies each prediction by its class's ratio. Schema
+``xla_streams.calibration.v1``::
+
+    {
+      "schema": "xla_streams.calibration.v1",
+      "provenance": {"gpu": "NVIDIA H200", "jax": "0.11.2", "date": "2026-08-30",
+                     "program": "transformer_step, one device's program",
+                     "tool": "scripts/gpu_check.py"},
+      "targets": {
+        "h200": {"matmul": 1.31, "memory": 0.92, "collective": {"all-reduce": 1.1}}
+      }
+    }
+
+Classes: ``matmul`` (dots, convolutions, GEMM fusions, cuBLAS/cuDNN calls),
+``memory`` (every other kernel: memory-bound fusions, copies) and, under
+``collective``, one ratio per collective kind (its latency and transfer scale
+together). A class left out keeps ratio 1. ``provenance`` records where the
+numbers were measured (free-form strings; ``gpu``, ``jax``, ``date`` and
+``program`` are expected).
+
+Producing one: ``python scripts/gpu_check.py OUT_DIR`` on a machine with an
+NVIDIA GPU writes ``OUT_DIR/calibration.json`` (compute classes only: collective
+ratios need two or more GPUs; take them from NCCL's own tests and add them by
+hand). Using one: ``xla-streams simulate IN.hlo --target=h200
+--calibration=calibration.json``, or ``load_calibration(path).apply(target)``.
+
+Per-instruction measurements have a format of their own, XLA's PGLE profile
+(``ProfiledInstructionsProto``, what ``--xla_gpu_pgle_profile_file_or_directory_path``
+reads): the same GPU check writes ``OUT_DIR/pgle_profile.pb`` for the program it
+calibrated on, and for any program ``jax.profiler.trace(DIR)`` around a few steps
+followed by ``jax.experimental.profiler.get_profiled_instructions_proto(
+"DIR/plugins/profile/<run>")`` makes one (JAX's ``JAX_ENABLE_PGLE=true`` does it
+on its own). Class ratios carry over to other programs; a PGLE profile only to
+the program it was measured on, so the simulator does not read it (yet).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xla_streams.hlo import Module
+from xla_streams.passes.find_async_pairs import COLLECTIVES
+from xla_streams.simulate.simulator import Simulator
+from xla_streams.simulate.targets import Target
+
+SCHEMA = "xla_streams.calibration.v1"
+COMPUTE_CLASSES = ("matmul", "memory")
+COLLECTIVE_KINDS = tuple(sorted(COLLECTIVES | {"send", "recv"}))
+
+
+class CalibrationError(ValueError):
+    """A calibration file that cannot be read or does not fit the target."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Ratios (measured / predicted) per target name and class, and where they come from.
+
+    ``ratios[target]`` maps ``matmul``, ``memory`` and collective kinds to ratios.
+    """
+
+    ratios: dict[str, dict[str, float]]
+    provenance: dict[str, str] = field(default_factory=dict)
+
+    def apply(self, target: Target) -> Target:
+        """``target`` with this file's ratios for it (CalibrationError if it has none)."""
+        ratios = self.ratios.get(target.name)
+        if ratios is None:
+            known = ", ".join(sorted(self.ratios)) or "none"
+            raise CalibrationError(
+                f"the calibration has no ratios for target '{target.name}' (it has: {known})"
+            )
+        origin = ", ".join(f"{k} {v}" for k, v in sorted(self.provenance.items()))
+        return dataclasses.replace(
+            target,
+            calibration={**target.calibration, **ratios},
+            sources=(*target.sources, f"calibration: {origin or 'no provenance given'}"),
+        )
+
+    def to_json(self) -> str:
+        targets: dict[str, dict[str, Any]] = {}
+        for name, ratios in sorted(self.ratios.items()):
+            entry: dict[str, Any] = {c: ratios[c] for c in COMPUTE_CLASSES if c in ratios}
+            collective = {k: v for k, v in sorted(ratios.items()) if k in COLLECTIVE_KINDS}
+            if collective:
+                entry["collective"] = collective
+            targets[name] = entry
+        data = {"schema": SCHEMA, "provenance": dict(self.provenance), "targets": targets}
+        return json.dumps(data, indent=2) + "\n"
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    """Read and check a calibration file (CalibrationError saying what is wrong)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CalibrationError(f"cannot read calibration file {path}: {e}") from None
+    return parse_calibration(data, str(path))
+
+
+def parse_calibration(data: Any, origin: str = "calibration") -> Calibration:
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise CalibrationError(f'{origin}: expected a JSON object with "schema": "{SCHEMA}"')
+    unknown = set(data) - {"schema", "provenance", "targets"}
+    if unknown:
+        raise CalibrationError(f"{origin}: unknown key(s) {', '.join(sorted(unknown))}")
+    provenance = data.get("provenance", {})
+    if not isinstance(provenance, dict) or not all(isinstance(v, str) for v in provenance.values()):
+        raise CalibrationError(f"{origin}: provenance must map names to strings")
+    targets = data.get("targets")
+    if not isinstance(targets, dict) or not targets:
+        raise CalibrationError(f"{origin}: targets must map target names to ratios")
+    ratios: dict[str, dict[str, float]] = {}
+    for name, entry in targets.items():
+        where = f"{origin}: target '{name}'"
+        if not isinstance(entry, dict):
+            raise CalibrationError(f"{where}: expected an object of ratios")
+        flat: dict[str, float] = {}
+        for key, value in entry.items():
+            if key == "collective":
+                if not isinstance(value, dict):
+                    raise CalibrationError(f"{where}: collective must map kinds to ratios")
+                for kind, ratio in value.items():
+                    if kind not in COLLECTIVE_KINDS:
+                        raise CalibrationError(
+                            f"{where}: unknown collective kind '{kind}'; kinds: "
+                            + ", ".join(COLLECTIVE_KINDS)
+                        )
+                    flat[kind] = _ratio(ratio, f"{where}, {kind}")
+            elif key in COMPUTE_CLASSES:
+                flat[key] = _ratio(value, f"{where}, {key}")
+            else:
+                raise CalibrationError(
+                    f"{where}: unknown class '{key}'; classes: "
+                    + ", ".join((*COMPUTE_CLASSES, "collective"))
+                )
+        ratios[str(name)] = flat
+    return Calibration(ratios, {str(k): v for k, v in provenance.items()})
+
+
+def _ratio(value: Any, where: str) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value <= 0:
+        raise CalibrationError(f"{where}: a ratio must be a positive number, not {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class ClassTimes:
+    """Predicted and measured time of one kernel class, summed over matched instructions."""
+
+    predicted: float
+    measured: float
+    instructions: int
+
+    @property
+    def ratio(self) -> float:
+        return self.measured / self.predicted if self.predicted > 0 else math.nan
+
+
+def compare_kernel_classes(
+    module: Module, target: Target, measured: Mapping[str, float]
+) -> dict[str, ClassTimes]:
+    """Per compute class, the model's time against ``measured`` (instruction name ->
+    seconds of its kernels in one execution), over the compute instructions the
+    simulator charges that were measured (collectives and control flow are not).
+
+    Each instruction counts once: for a program whose loops are unrolled (as the
+    embedded ones calibrated by ``scripts/gpu_check.py``) that is one step.
+    ``target`` should be uncalibrated, so that the ratios are against the model.
+    """
+    totals = {c: ClassTimes(0.0, 0.0, 0) for c in COMPUTE_CLASSES}
+    for name, (kind, predicted) in Simulator(module, target).kernels().items():
+        seconds = measured.get(name)
+        if seconds is not None and kind in totals:
+            t = totals[kind]
+            totals[kind] = ClassTimes(
+                t.predicted + predicted, t.measured + seconds, t.instructions + 1
+            )
+    return totals
