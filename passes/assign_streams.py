@@ -1,9 +1,9 @@
 """assign-streams: give every pair on the communication lane one of K collective streams.
 
 First the deadlock rule: pairs in flight together (at any call of their
-computations) whose groups share two or more devices are tied to one stream,
-and ties are transitive, so each connected set of such pairs (a "unit") is
-placed as one.
+computations) whose groups share two or more devices are tied to one stream, and
+so are the send and the recv of one permute (``AsyncPair.must_share_stream_with``);
+ties are transitive, so each connected set of such pairs (a "unit") is placed as one.
 
 Then pins: a unit holding a pair XLA runs on a fixed stream whatever its
 annotation (a sync pair on the communication lane: ``SYNC_PAIR_STREAM``, see
@@ -113,6 +113,11 @@ def tied_units(pairs: list[AsyncPair]) -> list[list[AsyncPair]]:
             if p.shares_devices_with(q):
                 parent[find(index[p.start])] = find(index[q.start])
         active.append((end, p))
+    by_channel: dict[int, int] = {}
+    for p in pairs:
+        if p.kind in ("send", "recv") and p.channel is not None:
+            first = by_channel.setdefault(p.channel, index[p.start])
+            parent[find(index[p.start])] = find(first)
     units: dict[int, list[AsyncPair]] = {}
     for p in sorted(pairs, key=lambda p: (p.start_time, p.start)):
         units.setdefault(find(index[p.start]), []).append(p)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from xla_streams.collectives import KINDS as COLLECTIVE_KINDS
 from xla_streams.hlo import Computation, Instruction, Module
 from xla_streams.passes.lower_to_ffi import KINDS, plan_collective, unique_name
 from xla_streams.pipeline import Compilation, Fact, ModulePass, register
@@ -118,12 +119,12 @@ def _split(comp: Computation, c: Instruction, used: set[str]) -> tuple[Instructi
     kind = c.opcode
     operand_shapes = [o.shape_text for o in c.operands]
     ins = operand_shapes[0] if len(operand_shapes) == 1 else f"({', '.join(operand_shapes)})"
-    if kind == "all-reduce":
-        start_shape = c.shape_text
-    elif kind in ("all-gather", "collective-permute"):
-        start_shape = f"({ins}, {c.shape_text})"
-    else:  # reduce-scatter, all-to-all: the async wrapper's ((operands), result)
+    if COLLECTIVE_KINDS[kind].async_form == "wrapped":  # the wrapper's ((operands), result)
         start_shape = f"(({', '.join(operand_shapes)}), {c.shape_text})"
+    elif kind == "all-reduce":  # reduces in place: the start holds the result
+        start_shape = c.shape_text
+    else:  # all-gather, collective-permute: (operand, result)
+        start_shape = f"({ins}, {c.shape_text})"
     start_name = unique_name(f"{c.name}-start", used)
     start = Instruction.create(
         comp, start_name, start_shape, f"{kind}-start", c.operands_text, dict(c.attributes)

@@ -13,30 +13,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from xla_streams.collectives import STREAM_ATTRIBUTE, AsyncPair, StreamModel
-from xla_streams.hlo import Computation, HloError, Instruction, Module
-from xla_streams.hlo.attributes import (
-    Groups,
-    decode,
-    parse_backend_config,
-    parse_frontend_attributes,
-    parse_replica_groups,
-    parse_source_target_pairs,
+from xla_streams.collectives import (
+    COLLECTIVE_OPCODES,
+    STREAM_ATTRIBUTE,
+    AsyncPair,
+    StreamModel,
+    device_groups,
 )
-from xla_streams.hlo.text import ScanError
+from xla_streams.hlo import Computation, HloError, Instruction, Module
+from xla_streams.hlo.attributes import decode, parse_backend_config, parse_frontend_attributes
 from xla_streams.pipeline import Compilation, Fact, ModulePass, register
 
-COLLECTIVES = frozenset(
-    {
-        "all-reduce",
-        "all-gather",
-        "reduce-scatter",
-        "all-to-all",
-        "ragged-all-to-all",
-        "collective-permute",
-        "collective-broadcast",
-    }
-)
+COLLECTIVES = COLLECTIVE_OPCODES  # the kinds a start/done pair can wrap or spell
 _DONE_OF_SEND_RECV = {"send-done": "send", "recv-done": "recv"}
 PIPELINE_ATTRIBUTE = "_xla_send_recv_pipeline"
 # Computations executed as part of their caller's instruction (control flow);
@@ -71,8 +59,20 @@ class FindAsyncPairs(ModulePass):
         return cls(model.overlap_limit, model.sync_on_compute, model.ffi)
 
     def run(self, compilation: Compilation) -> None:
+        module = compilation.module
+        if not module.is_scheduled:
+            # Which collectives overlap is decided by the schedule: there is none yet.
+            raise _line_error(
+                module,
+                module.header_line,
+                "this module is not scheduled (no is_scheduled=true in its header): it looks "
+                "like HLO before XLA's optimizations, as f.lower(...).as_text(dialect='hlo') "
+                "prints it; give the compiled module instead: "
+                "f.lower(...).compile().as_text(), or the *after_optimizations.txt file of an "
+                "--xla_dump_to dump",
+            )
         model = StreamModel(self.overlap_limit, self.sync_on_compute, self.ffi)
-        compilation.pairs = tuple(find_async_pairs(compilation.module, model))
+        compilation.pairs = tuple(find_async_pairs(module, model))
 
 
 def find_async_pairs(module: Module, model: StreamModel | None = None) -> list[AsyncPair]:
@@ -335,6 +335,7 @@ def _pair(
         lane=model.lane(sync=sync, pipelined=pipelined),
         annotation=_annotation(start),
         occurrences=occurrences,
+        channel=_channel(op) if kind in ("send", "recv") else None,
     )
 
 
@@ -365,6 +366,15 @@ def _start_of_or_none(inst: Instruction, comp: Computation) -> Instruction | Non
         return None
 
 
+def _channel(op: Instruction) -> int | None:
+    value = op.attribute("channel_id")
+    if value is None:
+        return None
+    if not value.isdigit():
+        raise op.error_at_attribute("channel_id", 0, f"channel_id={value} is not a number")
+    return int(value)
+
+
 def _annotation(start: Instruction) -> int | None:
     """The ``_xla_stream_annotation`` already on a start (a user's pin, or a stale one)."""
     attributes = decode(start, "frontend_attributes", parse_frontend_attributes) or {}
@@ -386,80 +396,3 @@ def _is_sync(inst: Instruction) -> bool:
         return False
     collective = config.get("collective_backend_config", {})
     return bool(isinstance(collective, dict) and collective.get("is_sync", False))
-
-
-def device_groups(module: Module, op: Instruction, kind: str) -> Groups:
-    """The groups of global device ids (replica * num_partitions + partition) of ``op``.
-
-    Follows XLA's collective group modes: without channel_id the ids are replicas;
-    with one they are partitions, or with ``use_global_device_ids`` global ids.
-    Permutes and send/recv give each source/target pair as a group.
-    """
-    replicas, partitions = module.replica_count, module.num_partitions
-    has_channel = op.attribute("channel_id") is not None
-    if kind in ("collective-permute", "send", "recv"):
-        if kind == "collective-permute":
-            pairs = decode(op, "source_target_pairs", parse_source_target_pairs)
-        else:
-            pairs = _send_recv_pairs(op)
-        if pairs is None:
-            raise op.error(f"{op.opcode} without source_target_pairs")
-        groups: Groups = tuple(pairs)
-        mode = "partition" if has_channel else "replica"
-    else:
-        groups = decode(op, "replica_groups", parse_replica_groups) or ()
-        global_ids = op.attribute("use_global_device_ids") == "true"
-        has_global_field = kind in ("all-reduce", "all-gather", "reduce-scatter")
-        if not has_channel:
-            mode = "replica"
-        elif global_ids:
-            mode = "global"
-        elif has_global_field:
-            mode = "replica-and-partition"
-        else:
-            mode = "partition"
-    return _to_device_ids(op, groups, mode, replicas, partitions)
-
-
-def _send_recv_pairs(op: Instruction) -> tuple[tuple[int, int], ...] | None:
-    attributes = decode(op, "frontend_attributes", parse_frontend_attributes) or {}
-    value = attributes.get("_xla_send_recv_source_target_pairs")
-    if value is None:
-        return None
-    try:
-        return parse_source_target_pairs(value)
-    except ScanError as e:
-        raise op.error_at_attribute(
-            "frontend_attributes", 0, f"bad _xla_send_recv_source_target_pairs: {e.message}"
-        ) from None
-
-
-def _to_device_ids(
-    op: Instruction, groups: Groups, mode: str, replicas: int, partitions: int
-) -> Groups:
-    total = replicas * partitions
-    if mode == "global":
-        result = groups or (tuple(range(total)),)
-    elif mode == "partition":
-        groups = groups or (tuple(range(partitions)),)
-        result = tuple(
-            tuple(r * partitions + p for p in g) for r in range(replicas) for g in groups
-        )
-    elif mode == "replica":
-        groups = groups or (tuple(range(replicas)),)
-        result = tuple(
-            tuple(r * partitions + p for r in g) for p in range(partitions) for g in groups
-        )
-    else:  # replica-and-partition: every partition of the grouped replicas
-        groups = groups or (tuple(range(replicas)),)
-        result = tuple(
-            tuple(r * partitions + p for r in g for p in range(partitions)) for g in groups
-        )
-    for group in result:
-        for device in group:
-            if not 0 <= device < total:
-                raise op.error(
-                    f"device {device} is outside the module's {total} devices "
-                    f"(replica_count={replicas}, num_partitions={partitions})"
-                )
-    return result

@@ -35,6 +35,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from xla_streams.collectives import KINDS as COLLECTIVE_KINDS
 from xla_streams.collectives import AsyncPair
 from xla_streams.hlo import Computation, Instruction, Module
 from xla_streams.hlo.attributes import decode, parse_int_list
@@ -43,7 +44,8 @@ from xla_streams.pipeline import Compilation, Fact, ModulePass, PipelineError, r
 Backend = Literal["host", "cuda"]
 START_TARGET = "xla_streams_start"
 DONE_TARGET = "xla_streams_done"
-KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+# The kinds our runtime runs.
+KINDS = tuple(k.name for k in COLLECTIVE_KINDS.values() if k.ffi)
 # to_apply root opcode -> reduction name in the runtime.
 REDUCTIONS = {
     "add": "add",
@@ -133,7 +135,7 @@ def plan_collective(
     if any(leaf.dynamic for leaf in ins + outs):
         return "dynamic shapes"
     reduction = ""
-    if kind in ("all-reduce", "reduce-scatter"):
+    if COLLECTIVE_KINDS[kind].reduces:
         found = reduction_of(module, op)
         if found is None:
             computation = op.attribute("to_apply")

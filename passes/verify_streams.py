@@ -77,6 +77,17 @@ def verify_streams(
     if extra:
         raise VerificationError(f"streams assigned to unknown pairs: {', '.join(sorted(extra))}")
     placed = {p.start: p for p in pairs if p.needs_stream}
+    by_channel: dict[int, list[AsyncPair]] = {}
+    for p in placed.values():
+        if p.channel is not None:  # sends and recvs
+            by_channel.setdefault(p.channel, []).append(p)
+    for p, q in ((p, q) for group in by_channel.values() for p in group for q in group):
+        stream, other = assignment.stream_of[p.start], assignment.stream_of[q.start]
+        if p.halves_of_one_permute(q) and stream != other:
+            raise VerificationError(
+                f"{_name(p)} and {_name(q)} are the send and recv of one permute, but on "
+                f"streams {stream} and {other}"
+            )
     if module is None:
         _check_occurrences(list(placed.values()), assignment)
     else:

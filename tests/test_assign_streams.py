@@ -407,3 +407,37 @@ def test_interval_with_enough_streams_serializes_only_what_the_rule_forces(
 
 def _fields(p: AsyncPair) -> dict[str, object]:
     return {k: getattr(p, k) for k in AsyncPair.__dataclass_fields__ if not k.startswith("_")}
+
+
+def test_the_send_and_recv_of_one_permute_share_a_stream_even_apart() -> None:
+    """They never overlap here, yet stay on one stream: some XLA versions key the
+    communicator by stream, and a send on one stream never meets a recv on another."""
+    pairs = "{{0,1},{1,2},{2,3},{3,0}}"
+    text = "\n".join(
+        [
+            "HloModule p2p, is_scheduled=true, num_partitions=4",
+            "",
+            "ENTRY %main (p: f32[64]) -> f32[64] {",
+            "  %p = f32[64]{0} parameter(0)",
+            "  %tok = token[] after-all()",
+            f'  %recv = (f32[64]{{0}}, u32[], token[]) recv(%tok), channel_id=7, frontend_attributes={{_xla_send_recv_source_target_pairs="{pairs}"}}',
+            "  %w1 = f32[64]{0} exponential(%p)",
+            "  %recv-done = (f32[64]{0}, token[]) recv-done(%recv), channel_id=7",
+            f'  %send = (f32[64]{{0}}, u32[], token[]) send(%p, %tok), channel_id=7, frontend_attributes={{_xla_send_recv_source_target_pairs="{pairs}"}}',
+            "  %w2 = f32[64]{0} exponential(%p)",
+            "  %send-done = token[] send-done(%send), channel_id=7",
+            "  ROOT %out = f32[64]{0} exponential(%w2)",
+            "}",
+            "",
+        ]
+    )
+    module = parse_module(text)
+    found = find_async_pairs(module)
+    assert [(p.kind, p.channel) for p in found] == [("recv", 7), ("send", 7)]
+    assert not found[0].overlaps(found[1])
+    for policy in ("interval", "round-robin"):
+        assignment = assign_streams(found, 4, policy)  # type: ignore[arg-type]
+        assert assignment.stream_of["recv"] == assignment.stream_of["send"]
+    apart = type(assignment)(4, "interval", {"recv": 0, "send": 1})
+    with pytest.raises(VerificationError, match="send and recv of one permute"):
+        verify_streams(found, apart, module)

@@ -99,9 +99,17 @@ class Args:
                 return "<stdin>", data
             with open(path, encoding="utf-8", newline="") as f:
                 return path, f.read()
-        except (OSError, UnicodeDecodeError) as e:
+        except OSError as e:
             name = "standard input" if path == STDIO else f"'{path}'"
             raise InputError(f"cannot read {name}: {_os_reason(e)}") from None
+        except UnicodeDecodeError as e:
+            name = "standard input" if path == STDIO else f"'{path}'"
+            what = "gzip-compressed data" if e.object[:2] == b"\x1f\x8b" else "binary data"
+            raise InputError(
+                f"{name} is not HLO text ({what}, byte {e.start} is not UTF-8); give the "
+                "text that compiled.as_text() or an --xla_dump_to *after_optimizations.txt "
+                "file holds" + (" (gunzip it first)" if what.startswith("gzip") else "")
+            ) from None
 
     def output(self, path: str | None, text: str) -> None:
         """Write ``text`` to ``path`` (``-``: stdout) when the command succeeds."""
@@ -292,6 +300,18 @@ def _simulate(args: Args) -> int:
     return run_cli(args)
 
 
+def _tune_flags(fv: flags.FlagValues) -> None:
+    from xla_streams.tune import define_flags
+
+    define_flags(fv)
+
+
+def _tune(args: Args) -> int:
+    from xla_streams.tune import run_cli  # imports JAX when it compiles: only for this command
+
+    return run_cli(args)
+
+
 COMMANDS: dict[str, Command] = {
     "opt": Command(
         "Run a pipeline of passes over an HLO module and print the result.",
@@ -332,6 +352,26 @@ COMMANDS: dict[str, Command] = {
         "each number of streams and policy, with the real stream assignment, and prints the "
         "predicted step time, exposed communication and speedup, against a lower bound. "
         "--trace writes a Perfetto/Chrome trace, --html a self-contained report.",
+    ),
+    "tune": Command(
+        "Find the XLA overlap options and stream count that make a JAX program fastest (JAX).",
+        "PROGRAM.py[:BUILDER] --devices=N [--devices-per-host=8] [--target=h100] "
+        "[--json=OUT.json] [--budget-s=300] | --program=NAME",
+        _tune,
+        _tune_flags,
+        "Compiles the program without a GPU under candidate settings of XLA's overlap "
+        "levers (overlap limit, loop pipelining, double buffering, early starts, XLA's "
+        "multi-streaming, the NVLink overlap limit, combine thresholds), predicts each "
+        "with the simulator for K = 1, 2, 4, 8 collective streams, keeps those that fit "
+        "in memory, and prints them ranked with the command that runs the best. "
+        "BUILDER(devices) -> (jitted_fn, abstract_args), default 'build'.",
+        arguments=(
+            (
+                "PROGRAM.py[:BUILDER]",
+                "A Python file defining BUILDER(devices) -> (jitted_fn, abstract_args); "
+                "devices are the topology's GPUs, host-major.",
+            ),
+        ),
     ),
     "demo": Command(
         "Compile the demo transformer step and show its collectives spread over streams (JAX).",

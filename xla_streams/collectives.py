@@ -1,6 +1,7 @@
-"""What the passes know about async collectives: the pairs, when they are in flight,
-which devices they involve, where XLA runs them, and the stream assignment made
-for them.
+"""What the code knows about collectives: each kind (:data:`KINDS`), the devices an
+instruction involves (:func:`device_groups`), where XLA runs it
+(:class:`StreamModel`), the async pairs and when they are in flight, and the
+stream assignment made for them.
 
 The deadlock rule, in one predicate (:meth:`AsyncPair.must_share_stream_with`):
 NCCL kernels on different streams may execute in different orders on different
@@ -14,9 +15,63 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from xla_streams.hlo import Instruction, Module
+from xla_streams.hlo.attributes import (
+    Groups,
+    decode,
+    parse_frontend_attributes,
+    parse_replica_groups,
+    parse_source_target_pairs,
+)
+from xla_streams.hlo.text import ScanError
+
 Policy = Literal["interval", "round-robin"]
 POLICIES: tuple[Policy, ...] = ("interval", "round-robin")
 MAX_STREAMS = 64
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What the code knows about one kind of collective; :data:`KINDS` has them all.
+
+    Adding a kind is one row here, plus whatever is truly new about it (a cost
+    formula, a runtime kernel).
+    """
+
+    name: str  # its opcode as a plain collective ("all-gather"); "send"/"recv" for p2p
+    # How its start is spelled: "<name>-start" (dedicated), "async-start(...),
+    # calls=" around it (wrapped; printed sugared as "<name>-start"), or send/recv.
+    async_form: Literal["dedicated", "wrapped", "p2p"]
+    # Where its devices come from: replica_groups; (source, target) pairs, in
+    # source_target_pairs or (send/recv) a frontend attribute.
+    groups: Literal["replica_groups", "pairs"]
+    # It has a use_global_device_ids field (without it, channel_id means
+    # replica-and-partition groups, not partition groups).
+    global_ids_field: bool
+    # The cost model's algorithm family (simulate/cost.py).
+    cost: Literal["all-reduce", "ring", "pairwise", "one-hop", "broadcast"]
+    reduces: bool  # it has a reduction (to_apply)
+    ffi: bool  # our runtime runs it (lower-to-ffi, asyncify, csrc/)
+    color: str  # its colour in timelines
+
+
+_ROWS = (  # name, async form, groups, global-ids field, cost family, reduces, ffi, colour
+    Kind("all-reduce", "dedicated", "replica_groups", True, "all-reduce", True, True, "#b07aa1"),
+    Kind("all-gather", "dedicated", "replica_groups", True, "ring", False, True, "#59a14f"),
+    Kind("reduce-scatter", "wrapped", "replica_groups", True, "ring", True, True, "#f28e2b"),
+    Kind("all-to-all", "wrapped", "replica_groups", False, "pairwise", False, True, "#edc948"),
+    Kind("ragged-all-to-all", "wrapped", "replica_groups", False, "pairwise", False, False,
+         "#edc948"),
+    Kind("collective-permute", "dedicated", "pairs", False, "one-hop", False, True, "#9c755f"),
+    Kind("collective-broadcast", "wrapped", "replica_groups", False, "broadcast", False, False,
+         "#ff9da7"),
+    Kind("send", "p2p", "pairs", False, "one-hop", False, False, "#9c755f"),
+    Kind("recv", "p2p", "pairs", False, "one-hop", False, False, "#9c755f"),
+)  # fmt: skip
+KINDS: dict[str, Kind] = {k.name: k for k in _ROWS}
+# The opcodes of plain collectives (send and recv are never plain).
+COLLECTIVE_OPCODES = frozenset(k.name for k in KINDS.values() if k.async_form != "p2p")
+
 
 # The frontend attribute XLA:GPU reads to run a collective on communication_stream[k].
 STREAM_ATTRIBUTE = "_xla_stream_annotation"
@@ -95,6 +150,7 @@ class AsyncPair:
     start_line: int = 0
     lane: Lane = "communication"
     annotation: int | None = None
+    channel: int | None = None  # the channel_id of a send or recv
     occurrences: tuple[tuple[int, int], ...] = ()
     _group_sets: tuple[frozenset[int], ...] = field(default=(), compare=False, repr=False)
 
@@ -118,8 +174,22 @@ class AsyncPair:
 
     def must_share_stream_with(self, other: AsyncPair) -> bool:
         """Both in flight together and sharing two devices: on different streams NCCL
-        could run them in different orders on different ranks, and hang."""
-        return self.overlaps(other) and self.shares_devices_with(other)
+        could run them in different orders on different ranks, and hang. Or the two
+        halves of one permute (see :meth:`halves_of_one_permute`)."""
+        return self.halves_of_one_permute(other) or (
+            self.overlaps(other) and self.shares_devices_with(other)
+        )
+
+    def halves_of_one_permute(self, other: AsyncPair) -> bool:
+        """A send and the recv of the same channel: one transfer, whose two halves stay on
+        one stream whether or not they overlap, since some XLA versions key the NCCL
+        communicator by stream, and a send posted on one stream never meets a recv
+        posted on another."""
+        return (
+            {self.kind, other.kind} == {"send", "recv"}
+            and self.channel is not None
+            and self.channel == other.channel
+        )
 
 
 @dataclass(frozen=True)
@@ -166,3 +236,82 @@ def max_in_flight(pairs: list[AsyncPair] | tuple[AsyncPair, ...]) -> int:
         current += delta
         best = max(best, current)
     return best
+
+
+# -- device groups -------------------------------------------------------------------
+
+
+def device_groups(module: Module, op: Instruction, kind: str) -> Groups:
+    """The groups of global device ids (replica * num_partitions + partition) of ``op``.
+
+    Follows XLA's collective group modes: without channel_id the ids are replicas;
+    with one they are partitions, or with ``use_global_device_ids`` global ids.
+    Permutes and send/recv give each source/target pair as a group.
+    """
+    replicas, partitions = module.replica_count, module.num_partitions
+    has_channel = op.attribute("channel_id") is not None
+    if KINDS[kind].groups == "pairs":
+        if KINDS[kind].async_form == "p2p":
+            pairs = _send_recv_pairs(op)
+        else:
+            pairs = decode(op, "source_target_pairs", parse_source_target_pairs)
+        if pairs is None:
+            raise op.error(f"{op.opcode} without source_target_pairs")
+        groups: Groups = tuple(pairs)
+        mode = "partition" if has_channel else "replica"
+    else:
+        groups = decode(op, "replica_groups", parse_replica_groups) or ()
+        global_ids = op.attribute("use_global_device_ids") == "true"
+        if not has_channel:
+            mode = "replica"
+        elif global_ids:
+            mode = "global"
+        elif KINDS[kind].global_ids_field:
+            mode = "replica-and-partition"
+        else:
+            mode = "partition"
+    return _to_device_ids(op, groups, mode, replicas, partitions)
+
+
+def _send_recv_pairs(op: Instruction) -> tuple[tuple[int, int], ...] | None:
+    attributes = decode(op, "frontend_attributes", parse_frontend_attributes) or {}
+    value = attributes.get("_xla_send_recv_source_target_pairs")
+    if value is None:
+        return None
+    try:
+        return parse_source_target_pairs(value)
+    except ScanError as e:
+        raise op.error_at_attribute(
+            "frontend_attributes", 0, f"bad _xla_send_recv_source_target_pairs: {e.message}"
+        ) from None
+
+
+def _to_device_ids(
+    op: Instruction, groups: Groups, mode: str, replicas: int, partitions: int
+) -> Groups:
+    total = replicas * partitions
+    if mode == "global":
+        result = groups or (tuple(range(total)),)
+    elif mode == "partition":
+        groups = groups or (tuple(range(partitions)),)
+        result = tuple(
+            tuple(r * partitions + p for p in g) for r in range(replicas) for g in groups
+        )
+    elif mode == "replica":
+        groups = groups or (tuple(range(replicas)),)
+        result = tuple(
+            tuple(r * partitions + p for r in g) for p in range(partitions) for g in groups
+        )
+    else:  # replica-and-partition: every partition of the grouped replicas
+        groups = groups or (tuple(range(replicas)),)
+        result = tuple(
+            tuple(r * partitions + p for r in g for p in range(partitions)) for g in groups
+        )
+    for group in result:
+        for device in group:
+            if not 0 <= device < total:
+                raise op.error(
+                    f"device {device} is outside the module's {total} devices "
+                    f"(replica_count={replicas}, num_partitions={partitions})"
+                )
+    return result

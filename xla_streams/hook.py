@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from xla_streams import xla_module
 from xla_streams._log import logger
-from xla_streams.collectives import StreamModel
+from xla_streams.collectives import COLLECTIVE_OPCODES, StreamModel
 
 if TYPE_CHECKING:
     from xla_streams.config import Config
@@ -58,6 +58,18 @@ _lock = threading.Lock()
 _stats = Stats()
 
 
+_said: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    """Log ``message`` at info level the first time only (a process compiles many modules)."""
+    with _lock:
+        if message in _said:
+            return
+        _said.add(message)
+    logger.info("%s", message)
+
+
 def stats() -> Stats:
     """A copy of the hook's counters."""
     with _lock:
@@ -74,12 +86,12 @@ def reset_stats() -> None:
 # the opcodes of every collective, plain or async.
 _COLLECTIVE_OPCODES = tuple(
     b"\x12" + bytes([len(op)]) + op
-    for name in (
-        b"all-reduce", b"all-gather", b"reduce-scatter", b"all-to-all", b"ragged-all-to-all",
-        b"collective-permute", b"collective-broadcast",
+    for op in (
+        *(name.encode() for name in COLLECTIVE_OPCODES),
+        *(f"{name}-start".encode() for name in COLLECTIVE_OPCODES),
+        b"async-start", b"send", b"recv",
     )
-    for op in (name, name + b"-start")
-) + tuple(b"\x12" + bytes([len(op)]) + op for op in (b"async-start", b"send", b"recv"))  # fmt: skip
+)  # fmt: skip
 
 
 def has_collective(serialized: bytes) -> bool:
@@ -105,9 +117,17 @@ def transform(
             passes = pipeline_for(config, on_cpu=on_cpu, model=model, devices=devices)
             compilation = run_pipeline(text, passes, name)
             out = back_to_xla(serialized, compilation)
+            if on_cpu and config.mode == "native":
+                _say_once(
+                    "XLA:CPU runs collectives synchronously, so native mode has nothing to put "
+                    "on streams there; XLA_STREAMS_MODE=ffi runs them on streams (our host "
+                    "runtime)"
+                )
             # Only once XLA has the module back: a report describes what runs.
             if config.report_dir is not None:
-                write_module_reports(compilation, text, config)
+                # The simulator behind the pictures models GPUs, not XLA:CPU.
+                html = config.report_html and not on_cpu
+                write_module_reports(compilation, text, config, html=html)
     except Exception as e:
         with _lock:
             _stats.failed += 1
@@ -195,9 +215,11 @@ def fingerprint(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:_FINGERPRINT_CHARS]
 
 
-def write_module_reports(compilation: Compilation, text: str, config: Config) -> tuple[str, ...]:
-    """The module's reports (and the index), logged in one line; errors are logged
-    unless strict. Returns the paths written."""
+def write_module_reports(
+    compilation: Compilation, text: str, config: Config, *, html: bool = False
+) -> tuple[str, ...]:
+    """The module's reports (and the index; with ``html`` a trace and a timeline),
+    logged in one line; errors are logged unless strict. Returns the paths written."""
     from xla_streams.report import summary_line, write_reports
 
     assert config.report_dir is not None
@@ -206,9 +228,7 @@ def write_module_reports(compilation: Compilation, text: str, config: Config) ->
         logger.debug("no report for module %s: the pipeline assigns no streams", name)
         return ()
     try:
-        paths = write_reports(
-            compilation, config.report_dir, fingerprint(text), html=config.report_html
-        )
+        paths = write_reports(compilation, config.report_dir, fingerprint(text), html=html)
     except Exception as e:
         if config.strict:
             raise

@@ -45,13 +45,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from xla_streams._io import atomic_write_many
-from xla_streams.collectives import POLICIES, AsyncPair, StreamAssignment, max_in_flight
+from xla_streams.collectives import (
+    COLLECTIVE_OPCODES,
+    KINDS,
+    POLICIES,
+    AsyncPair,
+    StreamAssignment,
+    max_in_flight,
+)
 from xla_streams.pipeline import Compilation
 
 SCHEMA = "xla_streams.assignment.v2"
 INDEX_SCHEMA = "xla_streams.index.v1"
-# Kinds whose groups are (source, target) pairs rather than device sets.
-_PAIR_KINDS = frozenset({"collective-permute", "send", "recv"})
 
 
 # -- building ------------------------------------------------------------------------
@@ -111,9 +116,8 @@ def build_report(compilation: Compilation) -> dict[str, Any]:
 
 
 def _synchronous_collectives(compilation: Compilation) -> int:
-    from xla_streams.passes.find_async_pairs import COLLECTIVES
-
-    return sum(1 for inst in compilation.module.instructions() if inst.opcode in COLLECTIVES)
+    instructions = compilation.module.instructions()
+    return sum(1 for inst in instructions if inst.opcode in COLLECTIVE_OPCODES)
 
 
 def _assignment(compilation: Compilation) -> StreamAssignment:
@@ -475,7 +479,7 @@ def format_groups(groups: Sequence[Sequence[int]], kind: str = "") -> str:
     items = [tuple(g) for g in groups]
     if not items:
         return "{}"
-    is_pairs = kind in _PAIR_KINDS and all(len(g) == 2 for g in items)
+    is_pairs = kind in KINDS and KINDS[kind].groups == "pairs" and all(len(g) == 2 for g in items)
     return _format_pairs(items) if is_pairs else _format_sets(items)
 
 

@@ -49,14 +49,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xla_streams.collectives import KINDS
 from xla_streams.hlo import Module
-from xla_streams.passes.find_async_pairs import COLLECTIVES
 from xla_streams.simulate.simulator import Simulator
 from xla_streams.simulate.targets import Target
 
 SCHEMA = "xla_streams.calibration.v1"
 COMPUTE_CLASSES = ("matmul", "memory")
-COLLECTIVE_KINDS = tuple(sorted(COLLECTIVES | {"send", "recv"}))
+COLLECTIVE_KINDS = tuple(sorted(KINDS))
 
 
 class CalibrationError(ValueError):

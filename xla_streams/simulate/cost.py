@@ -63,7 +63,7 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 
-from xla_streams.collectives import AsyncPair
+from xla_streams.collectives import KINDS, AsyncPair
 from xla_streams.hlo import Computation, Instruction, Module
 from xla_streams.hlo.attributes import decode, parse_backend_config, parse_int_list
 from xla_streams.hlo.shape import Shape
@@ -96,10 +96,6 @@ _CUSTOM_CALL_TARGET = re.compile(r'"([^"]*)"')
 # ``calls=%name`` read straight from the line: decoding every attribute of every
 # fusion (long backend_config JSON) would dominate the cost model's time.
 _CALLS = re.compile(r", calls=%?([^\s,{}()]+)")
-# Collective kinds by algorithm family.
-RING_KINDS = frozenset({"all-gather", "reduce-scatter"})
-PAIRWISE_KINDS = frozenset({"all-to-all", "ragged-all-to-all"})
-ONE_HOP_KINDS = frozenset({"collective-permute", "send", "recv"})
 
 
 @dataclass(frozen=True)
@@ -292,20 +288,15 @@ def _model_cost(
         # Nothing crosses a link: a local copy (read and write the buffer).
         latency = target.kernel_overhead + 2 * size / target.achievable_memory_bandwidth
         return CollectiveCost("local", "none", latency, 0.0, link, False, devices)
-    if not (
-        kind == "all-reduce"
-        or kind in RING_KINDS
-        or kind in PAIRWISE_KINDS
-        or kind in ONE_HOP_KINDS
-        or kind == "collective-broadcast"
-    ):
+    if kind not in KINDS:
         raise ValueError(f"no cost model for collective kind '{kind}'")
+    family = KINDS[kind].cost
     best: CollectiveCost | None = None
     for name, p in target.protocols.items():
         bandwidth = link * p.bandwidth_fraction
         a_nv, a_net = p.ring_step_latency(False), p.ring_step_latency(True)
         candidates: list[CollectiveCost] = []
-        if kind == "all-reduce":
+        if family == "all-reduce":
             steps, inter = 2 * (n - 1), 2 * (h - 1)
             ring_latency = p.ring_base_latency + (steps - inter) * a_nv + inter * a_net
             tree_latency = p.tree_base_latency + 2 * (
@@ -320,13 +311,13 @@ def _model_cost(
             candidates.append(
                 CollectiveCost("tree", name, tree_latency, 2.0 * size, bandwidth, network, devices)
             )
-        elif kind in RING_KINDS or kind == "collective-broadcast":
+        elif family in ("ring", "broadcast"):
             latency = p.ring_base_latency + ((n - 1) - (h - 1)) * a_nv + (h - 1) * a_net
-            wire = float(size) if kind == "collective-broadcast" else (n - 1) / n * size
+            wire = float(size) if family == "broadcast" else (n - 1) / n * size
             candidates.append(
                 CollectiveCost("ring", name, latency, wire, bandwidth, network, devices)
             )
-        elif kind in PAIRWISE_KINDS:
+        elif family == "pairwise":
             local = n / h
             latency = p.ring_base_latency + (local - 1) * a_nv + (n - local) * a_net
             candidates.append(

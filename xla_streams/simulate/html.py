@@ -14,6 +14,7 @@ import html
 import math
 from collections.abc import Sequence
 
+from xla_streams.collectives import KINDS
 from xla_streams.simulate.simulator import SimResult, Slice, WhatIf, lane_name, runs_on
 from xla_streams.simulate.trace import lanes_of
 
@@ -24,15 +25,7 @@ KIND_COLORS: dict[str, str] = {
     "async-compute": "#76b7b2",
     "wait": "#e15759",
     "repeat": "#bab0ac",
-    "all-gather": "#59a14f",
-    "reduce-scatter": "#f28e2b",
-    "all-reduce": "#b07aa1",
-    "all-to-all": "#edc948",
-    "ragged-all-to-all": "#edc948",
-    "collective-permute": "#9c755f",
-    "send": "#9c755f",
-    "recv": "#9c755f",
-    "collective-broadcast": "#ff9da7",
+    **{kind.name: kind.color for kind in KINDS.values()},
 }
 OTHER_COLOR = "#888888"
 LANE_BACKGROUNDS = ("#eef2f7", "#f8fafc")

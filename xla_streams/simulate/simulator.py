@@ -54,21 +54,19 @@ from itertools import pairwise
 from typing import Any
 
 from xla_streams.collectives import (
+    COLLECTIVE_OPCODES,
     POLICIES,
     SYNC_PAIR_STREAM,
     AsyncPair,
     Policy,
     StreamAssignment,
     StreamModel,
+    device_groups,
 )
 from xla_streams.hlo import Computation, Instruction, Module
 from xla_streams.hlo.attributes import decode, parse_backend_config
 from xla_streams.passes.assign_streams import assign_streams, tied_units
-from xla_streams.passes.find_async_pairs import (
-    COLLECTIVES,
-    device_groups,
-    find_async_pairs,
-)
+from xla_streams.passes.find_async_pairs import find_async_pairs
 from xla_streams.simulate.cost import CollectiveCost, CostModel, collective_cost
 from xla_streams.simulate.targets import Target
 
@@ -436,7 +434,7 @@ class Simulator:
                 steps.append((_FIRE, index))
             elif opcode in ("send-done", "recv-done"):
                 continue
-            elif opcode in COLLECTIVES:
+            elif opcode in COLLECTIVE_OPCODES:
                 index = self._add_spec(inst, opcode)
                 steps.append((_SYNC, index))
                 serial += self.specs[index].cost.seconds
