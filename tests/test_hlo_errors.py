@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -331,23 +332,168 @@ CASES = [
         edit("ROOT %ard = f32[8]{0} all-reduce-done(%ars)", "ROOT %O = f32[8]{0} all-reduce-done(%p)"),
         13, "%O", "all-reduce-done '%O' is missing", "pairs", shift=1,
     ),
+    # -- what XLA rejects ---------------------------------------------------------------
+    Case(
+        "two-ROOTs-in-one-computation",
+        edit("  %neg = f32[8]{0} negate(%p)", "  ROOT %neg = f32[8]{0} negate(%p)"),
+        13, "ROOT", "computation 'main' has a second ROOT instruction (the first is at line 12)",
+    ),
+    Case(
+        "duplicate-header-attribute",
+        edit("num_partitions=4", "num_partitions=4, num_partitions=2"),
+        1, "num_partitions=2", "duplicate attribute 'num_partitions'",
+    ),
+    Case(
+        "mesh-without-grouped-axes",
+        edit("[1,4]<=[4]", "mesh['x'=4] {}"),
+        11, "{}, use", "bad replica_groups: expected at least one mesh axis to group over", "pairs",
+    ),
+    Case(
+        "mesh-axis-listed-twice",
+        edit("[1,4]<=[4]", "mesh['x'=2,'y'=2] {'x','x'}"),
+        11, "'x'}", "bad replica_groups: mesh axes to group over overlap", "pairs",
+    ),
+    Case(
+        "overlapping-sub-axes",
+        edit("[1,4]<=[4]", "mesh['x'=4] {'x':(1)2,'x'}"),
+        11, "'x'}", "bad replica_groups: mesh axes to group over overlap", "pairs",
+    ),
+    Case(
+        "sub-axis-of-size-1",
+        edit("[1,4]<=[4]", "mesh['x'=4] {'x':(1)1}"),
+        11, "'x':(", "bad replica_groups: sub-axis ''x':(1)1': expected (pre-size >= 1)size >= 2",
+        "pairs",
+    ),
+    Case(
+        "device-in-two-replica-groups",
+        edit("[1,4]<=[4]", "{{0,1},{1,2,3}}"),
+        11, "{1,2,3}", "bad replica_groups: device 1 is in more than one replica group", "pairs",
+    ),
+    Case(
+        "empty-replica-group",
+        edit("[1,4]<=[4]", "{{0,1,2,3},{}}"),
+        11, "{}}", "bad replica_groups: empty replica group", "pairs",
+    ),
+    Case(
+        "device-is-source-twice",
+        edit(START, PERMUTE_START.replace("{{0,1,2}}", "{{0,1},{0,2}}")).replace(
+            "all-reduce-done(%ars)", "collective-permute-done(%ars)"
+        ),
+        11, "{0,2}", "bad source_target_pairs: device 0 is a source in more than one pair", "pairs",
+    ),
+    # -- every bad input is a located error, never a Python exception -------------------
+    Case(
+        "num-partitions-not-an-integer",  # was ValueError
+        edit("num_partitions=4", "num_partitions=abc"),
+        1, "abc", "num_partitions must be a positive integer, found 'abc'",
+    ),
+    Case(
+        "replica-count-zero",
+        edit("num_partitions=4", "replica_count=0, num_partitions=4"),
+        1, "0, num", "replica_count must be a positive integer, found '0'",
+    ),
+    Case(
+        "mesh-axis-of-size-0",  # was ZeroDivisionError
+        edit("[1,4]<=[4]", "mesh['x'=0,'y'=4] {'y'}"),
+        11, "0,'y'", "bad replica_groups: mesh axis 'x' has size 0", "pairs",
+    ),
+    Case(
+        "mesh-axis-twice",  # was IndexError
+        edit("[1,4]<=[4]", "mesh['x'=2,'x'=2] {'x'}"),
+        11, "'x'=2]", "bad replica_groups: duplicate mesh axis 'x'", "pairs",
+    ),
+    Case(
+        "integer-out-of-int64-range-in-shape",
+        edit("%p = f32[8]{0}", "%p = f32[99999999999999999999]{0}"),
+        10, "999", "integer 99999999999999999999 is out of range",
+    ),
+    Case(
+        "integer-past-python-digit-limit",  # int() raises ValueError past 4300 digits
+        edit("[1,4]<=[4]", "{{" + "9" * 5000 + "}}"),
+        11, "{99", "bad replica_groups: integer 9999", "pairs", shift=1,
+    ),
+    Case(
+        "json-number-past-python-digit-limit",
+        edit('"is_sync":false}}', '"is_sync":false,"n":' + "9" * 5000 + "}}"),
+        11, '{"collective', "bad backend_config: invalid JSON", "pairs",
+    ),
+    Case(
+        "json-nested-past-recursion-limit",  # was RecursionError
+        edit('{"collective_backend_config":{"is_sync":false}}', "[" * 100_000 + "]" * 100_000),
+        11, "[[[", "bad backend_config: invalid JSON", "pairs",
+    ),
+    Case(
+        "tuple-shape-nested-too-deep",  # was RecursionError
+        edit("%neg = f32[8]{0} negate(%p)", "%neg = " + "(" * 2000 + "f32[]" + ")" * 2000 + " negate(%p)"),
+        12, "(" * 65, "tuple shape nested deeper than 64 levels", shift=64,
+    ),
+    Case(
+        "unterminated-comment-in-operands",
+        edit("negate(%p)", "negate(%p /*)"),
+        12, "/*", "unterminated comment: expected '*/'", "operands",
+    ),
+    Case(
+        "unterminated-comment-in-header",
+        edit("num_partitions=4", "num_partitions=4, /* x"),
+        1, "/*", "unterminated comment: expected '*/'",
+    ),
+    Case(
+        "bad-tuple-index",
+        edit("negate(%p)", "negate(%p#x)"),
+        12, "x)", "bad tuple index of '%p': expected an integer, found 'x'", "operands",
+    ),
+    Case(
+        "tuple-index-of-an-array",
+        edit("negate(%p)", "negate(%p#0)"),
+        12, "p#0", "operand '%p': no tuple element 0 in shape 'f32[8]{0}'", "shapes",
+    ),
+    # -- counts the text declares are bounded (MAX_DEVICES) ------------------------------
+    Case(
+        "replica-count-past-MAX_DEVICES",
+        edit("num_partitions=4", "replica_count=99999999999"),
+        1, "999", "replica_count=99999999999 is more than the 65536 devices a module may address",
+    ),
+    Case(
+        "replica-count-times-partitions-past-MAX_DEVICES",
+        edit("num_partitions=4", "replica_count=65536, num_partitions=4"),
+        1, "num_partitions=4", "replica_count=65536 x num_partitions=4 is more than the 65536 devices",
+        shift=len("num_partitions="),
+    ),
+    Case(
+        "iota-groups-past-MAX_DEVICES",
+        edit("[1,4]<=[4]", "[1,300000000]<=[300000000]"),
+        11, "[1,3", "bad replica_groups: 1x300000000 groups address more than the 65536 devices",
+        "pairs",
+    ),
+    Case(
+        "mesh-axis-past-MAX_DEVICES",
+        edit("[1,4]<=[4]", "mesh['x'=99999999999] {'x'}"),
+        11, "999", "bad replica_groups: the mesh has more than the 65536 devices", "pairs",
+    ),
 ]
 # fmt: on
 IDS = [c.id for c in CASES]
 assert len(set(IDS)) == len(IDS)
 
 
+def run_stage(text: str, stage: str, path: str = "bad.hlo") -> None:
+    module: Module = parse_module(text, path)
+    if stage == "pairs":
+        find_async_pairs(module)
+    elif stage == "operands":
+        for inst in module.instructions():
+            inst.operands  # noqa: B018
+    elif stage == "attributes":
+        for inst in module.instructions():
+            inst.attributes  # noqa: B018
+    elif stage == "shapes":
+        for inst in module.instructions():
+            inst.operand_shapes  # noqa: B018
+
+
 def raise_error(case: Case, path: str = "bad.hlo") -> HloError:
     with pytest.raises(HloError) as info:
-        module: Module = parse_module(case.text, path)
-        if case.stage == "pairs":
-            find_async_pairs(module)
-        elif case.stage == "operands":
-            for inst in module.instructions():
-                inst.operands  # noqa: B018
-        elif case.stage == "attributes":
-            for inst in module.instructions():
-                inst.attributes  # noqa: B018
+        run_stage(case.text, case.stage, path)
     return info.value
 
 
@@ -438,3 +584,105 @@ def test_cli_process_exits_2_and_leaves_output_absent(tmp_path: Path) -> None:
     assert result.stderr.startswith(f"{source}:10:")
     assert "unknown element type 'q32'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# -- hostile input: time bounded by the size of the text ---------------------------------
+#
+# Each input is about 200 KB on one line, built to hit a path that used to be
+# quadratic or to expand a declared count (a regex that backtracks over the whole
+# line once per candidate; a scanner that retries a failed look-ahead to the end
+# of the line for every "/*"; a device list built from a count in the text).
+# Before the fixes these took from seconds to minutes (or ran out of memory);
+# now each is a located error well inside the bound, which leaves room for a
+# slow CI machine.
+
+HOSTILE_BYTES = 200_000
+HOSTILE_SECONDS = 1.0
+_N = HOSTILE_BYTES // 3
+
+
+def _perm(n: int) -> str:
+    return ",".join(map(str, reversed(range(n))))
+
+
+HOSTILE = [
+    # (id, text, stage, message)
+    (
+        "unterminated-comments-in-attribute",  # was 4-6 s for 48 KB
+        edit("negate(%p)", "negate(%p), a={" + "/* " * _N + "}"),
+        "attributes", "unterminated comment",
+    ),
+    (
+        "unterminated-comments-in-header",
+        edit("num_partitions=4", "num_partitions=4, a={" + "/* " * _N + "}"),
+        "parse", "unterminated comment",
+    ),
+    (
+        "unterminated-comments-in-operands",
+        edit("negate(%p)", "negate(%p " + "/* " * _N + ")"),
+        "operands", "unterminated comment",
+    ),
+    (
+        "unterminated-comments-in-shape",
+        edit("%neg = f32[8]{0}", "%neg = (f32[8]{0}, " + "/*" * _N + ")"),
+        "parse", "expected a shape",
+    ),
+    (
+        "repeated-arrows-in-computation-header",  # was 2.4 s for 80 KB
+        edit("ENTRY %main (p: f32[8]) -> f32[8] {", "ENTRY %main (" + ") -> " * (_N // 2)),
+        "parse", "expected a computation header",
+    ),
+    (
+        "spaces-in-explicit-replica-group",
+        edit("[1,4]<=[4]", "{{" + " " * HOSTILE_BYTES + "x}}"),
+        "pairs", "expected a list of integers",
+    ),
+    (
+        "iota-over-many-unit-dimensions",  # strides were O(dimensions^2)
+        edit("[1,4]<=[4]", "[1,1]<=[" + ",".join(["1"] * 30_000) + "]T(" + _perm(30_000) + ")"),
+        "pairs", None,  # one group of device 0: well-formed
+    ),
+    (
+        "mesh-of-many-axes",
+        edit(
+            "[1,4]<=[4]",
+            "mesh[" + ",".join(f"'a{i}'=1" for i in range(12_000)) + "] {"
+            + ",".join(f"'a{i}'" for i in range(12_000)) + ",'a0'}",
+        ),
+        "pairs", "mesh axes to group over overlap",
+    ),
+    (
+        "many-tuple-operands",
+        edit("negate(%p)", "negate(" + ", ".join(["%p#0"] * (_N // 2)) + ")"),
+        "shapes", "no tuple element 0",
+    ),
+    (
+        "iota-group-count-from-the-text",  # was MemoryError after 26 s
+        edit("[1,4]<=[4]", "[1,300000000]<=[300000000]"),
+        "pairs", "more than the 65536 devices",
+    ),
+    (
+        "replica-count-from-the-text",
+        edit("num_partitions=4", "num_partitions=4, replica_count=99999999999"),
+        "parse", "more than the 65536 devices",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "stage", "message"), [h[1:] for h in HOSTILE], ids=[h[0] for h in HOSTILE]
+)
+def test_hostile_input_is_handled_in_bounded_time(
+    text: str, stage: str, message: str | None
+) -> None:
+    """A located error (or, for message None, success) well within HOSTILE_SECONDS."""
+    assert len(text) < 2 * HOSTILE_BYTES
+    start = time.perf_counter()
+    if message is None:
+        run_stage(text, stage, "hostile.hlo")
+    else:
+        err = raise_error(Case("hostile", text, 1, 1, message, stage), path="hostile.hlo")
+        assert message in err.message
+        assert str(err).startswith(f"hostile.hlo:{err.line}:{err.column}: error: ")
+    elapsed = time.perf_counter() - start
+    assert elapsed < HOSTILE_SECONDS, f"{elapsed:.2f} s"

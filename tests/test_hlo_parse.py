@@ -13,6 +13,8 @@ transposed to the end in the order listed, cut into groups).
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -640,3 +642,320 @@ def test_split_top_level_errors(text: str, offset: int, message: str) -> None:
         split_top_level(text)
     assert err.value.offset == offset
     assert message in err.value.message
+
+
+# -- what XLA's parser accepts (its lexer skips whitespace and comments) ----------------
+
+SPELLED_LIKE_XLA = [
+    # iota forms with spaces (any whitespace between tokens)
+    ("[2, 4]<=[8]", "[2,4]<=[8]"),
+    ("[4,2]<=[2,4]T(1, 0)", "[4,2]<=[2,4]T(1,0)"),
+    ("[ 4 , 2 ] <= [ 2 , 4 ] T( 1 , 0 )", "[4,2]<=[2,4]T(1,0)"),
+    (" [2,4]<=[8] ", "[2,4]<=[8]"),
+    # /*...*/ comments inside replica groups (commas and brackets in them included)
+    ("{{0,1}, /*a,b}*/ {2,3}}", "{{0,1},{2,3}}"),
+    ("{/*x*/{0, 1},{2,3 /*y*/}}", "{{0,1},{2,3}}"),
+    ("[2,4]<=[8]/*x*/", "[2,4]<=[8]"),
+    ("/*x*/[2,4]/*y*/<=[8]", "[2,4]<=[8]"),
+    ("mesh['a'=2, 'b'=4] { /*c*/ 'b' }", "mesh['a'=2,'b'=4] {'b'}"),
+    ("mesh['a'=2,'b'=4] {'a','b'} /*x*/", "mesh['a'=2,'b'=4] {'a','b'}"),
+    ("mesh['a'=4,'b'=2] {'a' : ( 2 ) 2}", "mesh['a'=4,'b'=2] {'a':(2)2}"),
+    (
+        "mesh['a'=2,'b'=4], device_ids=([2, 4]T(1, 0)) {'b'}",
+        "mesh['a'=2,'b'=4], device_ids=([2,4]T(1,0)) {'b'}",
+    ),
+    ("mesh['a'=2,'b'=4], device_ids=(0, 4, 1, 5, 2, 6, 3, 7) {'b'}", MESH_DEVICE_IDS),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "canonical"), SPELLED_LIKE_XLA, ids=[t for t, _ in SPELLED_LIKE_XLA]
+)
+def test_replica_groups_with_whitespace_and_comments(text: str, canonical: str) -> None:
+    assert parse_replica_groups(text) == parse_replica_groups(canonical)
+
+
+def test_replica_groups_with_comments_in_a_module() -> None:
+    """The comment's comma does not split the attribute list, and the value decodes."""
+    text = MODULE_TEMPLATE.format(replica_groups="{{0,1,2,3}, /*x, y*/ {4,5,6,7}}")
+    inst = parse_module(text).entry.root
+    assert inst.attribute("replica_groups") == "{{0,1,2,3}, /*x, y*/ {4,5,6,7}}"
+    assert parse_replica_groups(inst.attributes["replica_groups"]) == ((0, 1, 2, 3), (4, 5, 6, 7))
+
+
+# One module in the layouts XLA's parser accepts (each checked against jaxlib 0.12:
+# tests/test_hlo_roundtrip.py::test_xla_accepts_the_layouts_we_accept).
+LAYOUT_LF = """\
+HloModule m, num_partitions=8
+
+%add (a: f32[], b: f32[])->f32[]{
+\t%a = f32[] parameter(0)
+\t%b = f32[] parameter(1)
+\tROOT\t%s = f32[] add(%a, %b)
+}
+
+ENTRY %main (p: f32[8]) -> f32[8] {
+  // a comment line, then a blank line, then one of whitespace
+
+  \t
+  %p = f32[8]{0} parameter(0)
+  // %fake = f32[8]{0} negate(%p): a comment, not an instruction
+  %ar = f32[8]{0} all-reduce(%p), channel_id=1, replica_groups=[2, 4]<=[8], use_global_device_ids=true, to_apply=%add
+  ROOT %n = f32[8]{0} negate(%ar)
+  // after the ROOT
+}
+"""
+LAYOUTS = {"tabs-comments-blank-lines": LAYOUT_LF, "crlf": LAYOUT_LF.replace("\n", "\r\n")}
+
+
+@pytest.mark.parametrize("text", LAYOUTS.values(), ids=LAYOUTS.keys())
+def test_layouts_xla_accepts(text: str) -> None:
+    module = parse_module(text)
+    assert [(c.name, [i.name for i in c.instructions]) for c in module.computations] == [
+        ("add", ["a", "b", "s"]),
+        ("main", ["p", "ar", "n"]),
+    ]
+    assert module.computation("add").root.name == "s"  # type: ignore[union-attr]
+    ar = module.entry.get("ar")
+    assert ar is not None and ar.operand_names == ["p"]
+    assert list(ar.attributes) == [
+        "channel_id",
+        "replica_groups",
+        "use_global_device_ids",
+        "to_apply",
+    ]
+    assert ar.attributes["to_apply"] == "%add"  # no "\r" in the last attribute of a CRLF line
+    assert parse_replica_groups(ar.attributes["replica_groups"]) == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert module.num_partitions == 8
+    # Untouched: byte for byte, comment and blank lines, tabs and "\r" included.
+    assert module.print() == text
+    # Edited: only that line changes, and it keeps the file's line ends.
+    ar.set_attribute("frontend_attributes", '{k="v"}')
+    before, after = text.split("\n"), module.print().split("\n")
+    assert [i for i, (x, y) in enumerate(zip(before, after, strict=True)) if x != y] == [14]
+    assert after[14].endswith(
+        'to_apply=%add, frontend_attributes={k="v"}' + ("\r" if "\r" in text else "")
+    )
+
+
+def test_crlf_errors_show_the_line_without_its_carriage_return() -> None:
+    text = LAYOUTS["crlf"].replace("negate(%ar)", "negate(%nope)")
+    module = parse_module(text, "crlf.hlo")
+    with pytest.raises(HloError) as err:
+        module.entry.root.operands  # noqa: B018
+    assert (err.value.line, err.value.source_line) == (16, "  ROOT %n = f32[8]{0} negate(%nope)")
+    assert "\r" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "ENTRY %main {",
+        "ENTRY %main (p: f32[8])->f32[8]{",
+        "ENTRY\t%main\t(p: f32[8]) -> f32[8]  {  ",
+    ],
+)
+def test_computation_header_spellings(header: str) -> None:
+    text = f"HloModule m\n\n{header}\n  ROOT %p = f32[8]{{0}} parameter(0)\n}}\n"
+    module = parse_module(text)
+    assert module.entry.name == "main"
+    assert module.print() == text
+
+
+# -- jax 0.11/0.12 forms -----------------------------------------------------------
+
+TUPLE_OPERANDS = """\
+HloModule m
+
+ENTRY %main (p: f32[2]) -> f32[2] {
+  %p = f32[2]{0} parameter(0)
+  %u = (f32[2]{0}, s32[]) tuple(%p, %p)
+  %t = (f32[2]{0}, (f32[2]{0}, s32[])) tuple(%p, %u)
+  %a = f32[2]{0} add(%t#0, %u#0)
+  %b = f32[2]{0} add(f32[2]{0} %t#1#0, /*index=1*/%u # 0)
+  ROOT %r = (f32[2]{0}, s32[]) tuple(%a, %t#1#1)
+}
+"""
+
+
+def test_tuple_element_operands() -> None:
+    """jax >= 0.11 dumps write get-tuple-element inline: ``%t#1#0`` is ``t[1][0]``
+    (jaxlib 0.12's parser reads them so; see test_hlo_roundtrip.py)."""
+    module = parse_module(TUPLE_OPERANDS)
+    get = module.entry.get
+    a, b, r = get("a"), get("b"), get("r")
+    assert a is not None and b is not None and r is not None
+    assert a.operand_refs == [("t", (0,)), ("u", (0,))]
+    assert b.operand_refs == [("t", (1, 0)), ("u", (0,))]
+    assert r.operand_refs == [("a", ()), ("t", (1, 1))]
+    assert a.operand_names == ["t", "u"]
+    assert [o.name for o in b.operands] == ["t", "u"]
+    assert b.operand_shapes == [Shape("f32", (2,)), Shape("f32", (2,))]
+    assert r.operand_shapes == [Shape("f32", (2,)), Shape("s32", ())]
+    assert r.operand_shape_texts == ["f32[2]{0}", "s32[]"]
+    assert module.print() == TUPLE_OPERANDS
+
+
+def test_tuple_element_shape_text_drops_index_comment() -> None:
+    """What a pass needs to spell a new instruction's operand shape (XLA prints
+    `/*index=N*/` before every fifth element of a long tuple)."""
+    text = OPERANDS.replace("get-tuple-element(%t), index=5", "negate(%t#5)")
+    gte = parse_module(text).entry.root
+    assert gte.operand_refs == [("t", (5,))]
+    assert gte.operand_shape_texts == ["f32[2]{0}"]
+
+
+@pytest.mark.parametrize(
+    ("operand", "message"),
+    [
+        ("%u#2", "operand '%u': no tuple element 2 in shape '(f32[2]{0}, s32[])'"),
+        ("%p#0", "operand '%p': no tuple element 0 in shape 'f32[2]{0}'"),
+        ("%u#0#0", "operand '%u': no tuple element 0"),
+        ("%u#-1", "tuple index of '%u' is negative"),
+        ("%u#", "bad tuple index of '%u': expected an integer, found ''"),
+        (
+            "%u#99999999999999999999",
+            "bad tuple index of '%u': integer 99999999999999999999 is out of range",
+        ),
+        ("#0", "expected an operand '%name', found '#0'"),
+        ("%nope#0", "operand '%nope' is not defined in computation 'main'"),
+    ],
+)
+def test_tuple_element_operand_errors(operand: str, message: str) -> None:
+    text = TUPLE_OPERANDS.replace("add(%t#0, %u#0)", f"add(%t#0, {operand})")
+    inst = parse_module(text).entry.get("a")
+    assert inst is not None
+    with pytest.raises(HloError) as err:
+        inst.operand_shapes  # noqa: B018
+    assert message in err.value.message
+    assert err.value.line == 7
+
+
+ALL_REDUCE_012 = """\
+HloModule m, is_scheduled=true, num_partitions=4
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (p: (f32[8], s32[])) -> f32[8] {
+  %p = (f32[8]{0}, s32[]) parameter(0)
+  %ars = ((f32[8]{0}), f32[8]{0}) all-reduce-start(%p#0), channel_id=1, replica_groups=mesh['x'=4] {'x'}, use_global_device_ids=true, to_apply=%add, output_to_operand_aliasing={{1}: (0, {})}, backend_config={"operation_queue_id":"0","wait_on_operation_queues":[],"collective_backend_config":{"is_sync":false,"no_parallel_custom_call":false,"is_pipelined":false,"backend":"DEFAULT"},"force_earliest_schedule":false,"reification_cost":[],"device_type":"DEVICE_TYPE_INVALID"}
+  ROOT %ard = f32[8]{0} all-reduce-done(%ars)
+}
+"""
+
+
+def test_jax_0_12_async_all_reduce() -> None:
+    """``((T), T) all-reduce-start`` with ``output_to_operand_aliasing={{1}: (0, {})}``
+    and a tuple-element operand: the `{}: (` value is one attribute."""
+    from xla_streams.passes.find_async_pairs import find_async_pairs
+
+    module = parse_module(ALL_REDUCE_012)
+    ars = module.entry.get("ars")
+    assert ars is not None
+    assert list(ars.attributes) == [
+        "channel_id",
+        "replica_groups",
+        "use_global_device_ids",
+        "to_apply",
+        "output_to_operand_aliasing",
+        "backend_config",
+    ]
+    assert ars.attributes["output_to_operand_aliasing"] == "{{1}: (0, {})}"
+    assert (
+        parse_backend_config(ars.attributes["backend_config"])["device_type"]
+        == "DEVICE_TYPE_INVALID"
+    )
+    assert ars.operand_refs == [("p", (0,))]
+    pairs = find_async_pairs(module)
+    assert [(p.start, p.done, p.groups) for p in pairs] == [("ars", "ard", ((0, 1, 2, 3),))]
+    assert module.print() == ALL_REDUCE_012
+
+
+JAX_0_12_DUMP = Path(__file__).parent / "data" / "jax0_12_fsdp_scan.dump.hlo"
+
+
+def test_jax_0_12_dump() -> None:
+    """A real jax 0.12 deviceless H100 dump (``--xla_dump_to``, after optimizations) of a
+    2-layer FSDP scan: tuple-element operands everywhere, async all-gathers in the while
+    body. Made by the forward half of programs._fsdp on 4 devices, overlap limit 2."""
+    from xla_streams.passes.find_async_pairs import find_async_pairs
+
+    text = JAX_0_12_DUMP.read_bytes().decode("utf-8")
+    module = parse_module(text, str(JAX_0_12_DUMP))
+    assert module.print() == text
+    indexed = [i for i in module.instructions() if any(path for _, path in i.operand_refs)]
+    assert len(indexed) >= 5
+    for inst in module.instructions():
+        assert len(inst.operand_shapes) == len(inst.operands)
+    start = next(i for i in module.instructions() if i.name == "fusion-start.1")
+    assert start.operand_refs == [("param", (2,)), ("param", (0,))]
+    assert start.operand_shapes == [Shape("f32", (2, 512, 4096)), Shape("s32", ())]
+    pairs = find_async_pairs(module)
+    assert sorted((p.kind, p.groups) for p in pairs) == [("all-gather", ((0, 1, 2, 3),))] * 2
+
+
+# -- decoders reject what XLA rejects, and bound what they expand -----------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "offset", "message"),
+    [
+        ("mesh['a'=2] {}", 12, "expected at least one mesh axis to group over, found '{}'"),
+        ("mesh['a'=0] {'a'}", 9, "mesh axis 'a' has size 0"),
+        ("mesh['a'=2,'a'=2] {'a'}", 11, "duplicate mesh axis 'a'"),
+        ("mesh['a'=2,'b'=2] {'a','a'}", 23, "mesh axes to group over overlap"),
+        ("mesh['a'=8] {'a':(1)2,'a':(1)4}", 22, "mesh axes to group over overlap"),
+        ("mesh['a'=12] {'a':(2)2,'a':(3)4}", 14, "sub-axes of mesh axis 'a' overlap"),
+        ("mesh['a'=8] {'a':(0)2}", 13, "expected (pre-size >= 1)size >= 2"),
+        ("mesh['a'=8] {'a':(1)1}", 13, "expected (pre-size >= 1)size >= 2"),
+        ("mesh['a'=99999999999] {'a'}", 9, "the mesh has more than the 65536 devices"),
+        ("mesh['a'=256,'b'=257] {'a'}", 17, "the mesh has more than the 65536 devices"),
+        ("mesh['a'=2] {'a'} x", 17, "unexpected ' x'"),
+        ("mesh['a'=2} {'a'}", 0, "unbalanced '}': expected ']'"),
+        ("mesh['a'=2,'b'=4], device_ids=([3,4]) {'b'}", 31, "device_ids are not a permutation"),
+        (
+            "mesh['a'=2,'b'=4], device_ids=([99999999999,99999999999]) {'b'}",
+            31,
+            "device_ids are not a permutation",
+        ),
+        ("[1,300000000]<=[300000000]", 0, "1x300000000 groups address more than the 65536 devices"),
+        ("[1,8]<=[99999999999,99999999999]", 0, "do not cover the more than MAX_DEVICES devices"),
+        ("[0,0]<=[0]", 0, "expected at least one device each"),
+        ("[2,4]<=[99999999999999999999]", 8, "integer 99999999999999999999 is out of range"),
+        ("{{0,1},{1,2}}", 7, "device 1 is in more than one replica group"),
+        ("{{0,1},{}}", 7, "empty replica group"),
+        ("{{0,-1}}", 1, "negative device id -1"),
+    ],
+)
+def test_replica_groups_rejected(text: str, offset: int, message: str) -> None:
+    with pytest.raises(ScanError) as err:
+        parse_replica_groups(text)
+    assert message in err.value.message
+    assert err.value.offset == offset
+
+
+def test_source_target_pairs_each_device_once_per_role() -> None:
+    with pytest.raises(ScanError, match="device 0 is a source in more than one pair"):
+        parse_source_target_pairs("{{0,1},{0,2}}")
+    with pytest.raises(ScanError, match="device 1 is a target in more than one pair"):
+        parse_source_target_pairs("{{0,1},{2,1}}")
+
+
+def test_header_device_counts_are_checked() -> None:
+    def header(attributes: str) -> str:
+        return f"HloModule m, {attributes}\n\nENTRY %e () -> f32[] {{\n  ROOT %c = f32[] constant(0)\n}}\n"
+
+    module = parse_module(header("replica_count=256, num_partitions=256"))
+    assert (module.replica_count, module.num_partitions) == (256, 256)
+    for attributes, message in [
+        ("replica_count=abc", "replica_count must be a positive integer, found 'abc'"),
+        ("num_partitions=-2", "num_partitions must be a positive integer, found '-2'"),
+        ("num_partitions=65537", "num_partitions=65537 is more than the 65536 devices"),
+        ("replica_count=2, num_partitions=32769", "replica_count=2 x num_partitions=32769"),
+    ]:
+        with pytest.raises(HloError, match=re.escape(message)):
+            parse_module(header(attributes))

@@ -1,9 +1,14 @@
 """The IR: a module of computations of instructions, read from and printed to HLO text.
 
 Reading is lazy. ``parse_module`` checks every line's structure (instruction
-head, shape, brackets, duplicate names) but decodes an instruction's operands
-and attributes only when a pass asks. Untouched instructions print back byte
-for byte from their source line; an edited one prints in XLA's canonical form.
+head, shape, brackets, duplicate names, one ROOT) but decodes an instruction's
+operands and attributes only when a pass asks. Untouched lines print back byte
+for byte from the source (CRLF line ends, tabs, comment and blank lines
+included); an edited instruction prints in XLA's canonical form.
+
+Time and memory are bounded by the size of the text: every scan is linear, and
+counts the text declares (devices) are checked against MAX_DEVICES before
+anything is expanded from them.
 """
 
 from __future__ import annotations
@@ -13,18 +18,43 @@ from collections.abc import Iterator
 
 from xla_streams.hlo.errors import HloError
 from xla_streams.hlo.shape import Shape, parse_shape
-from xla_streams.hlo.text import ScanError, find_closing, split_top_level
+from xla_streams.hlo.text import (
+    WHITESPACE,
+    ScanError,
+    blank_comments,
+    excerpt,
+    find_closing,
+    parse_int,
+    split_top_level,
+)
 
-# `  [ROOT ]%name = shape opcode(`. A tuple shape never contains `) word(`, so
-# the lazy `\(.*?\)` stops at the shape's own closing parenthesis.
-_INSTRUCTION = re.compile(r"  (ROOT )?%?([^\s=%]+) = (\(.*?\)|\S+) ([a-z][a-z0-9\-]*)\(")
-_COMPUTATION = re.compile(r"(ENTRY )?%?([^\s(]+) \(.*\) -> .* \{")
+# The most devices one module may address: replica_count x num_partitions, and
+# the size of any iota or mesh device list. Passes expand these counts into
+# device lists, so without a bound a 40-byte header (`replica_count=99999999999`)
+# costs unbounded time and memory. 65536 is above any single XLA program today
+# (the largest jobs run tens of thousands of GPUs); raise it here if one needs more.
+MAX_DEVICES = 65536
+
+# `[indent][ROOT ]%name = shape opcode(`. A tuple shape never contains `) word(`,
+# so the lazy `\(.*?\)` stops at the shape's own closing parenthesis. Names hold
+# no `/` (so a `// x = ...` comment is no instruction) and no `#` (`%t#1` refers
+# to tuple element 1 of `%t`). Anchored and unambiguous: linear on any line.
+_INSTRUCTION = re.compile(
+    r"[ \t]*(ROOT[ \t]+)?%?([^\s=%/#]+)[ \t]*=[ \t]*(\(.*?\)|\S+)[ \t]+([a-z][a-z0-9\-]*)\("
+)
+# `[ENTRY ]%name`, then optionally `(params) -> shape`, then `{` (checked by
+# _computation_header: one regex for the whole line backtracks quadratically
+# on a line of repeated `) -> `).
+_COMPUTATION_NAME = re.compile(r"(ENTRY[ \t]+)?%?([^\s(){}%]+)[ \t]*")
 _SECTION_HEADERS = frozenset({"FileNames", "FunctionNames", "FileLocations", "StackFrames"})
 # Attributes XLA prints after `frontend_attributes` (jaxlib 0.10.2's canonical order).
 _AFTER_FRONTEND_ATTRIBUTES = (
     "control-predecessors", "statistics", "result_accuracy", "origin", "metadata", "backend_config",
 )  # fmt: skip
-_INDEX_COMMENT = re.compile(r"/\*.*?\*/")
+_NO_OPERANDS = frozenset({"parameter", "constant", "iota", "rng-bit-generator-state"})
+
+# One operand: (instruction name, tuple index path, offset of the name in the line).
+_OperandRef = tuple[str, tuple[int, ...], int]
 
 
 class Instruction:
@@ -109,31 +139,58 @@ class Instruction:
         return self.source[self._operands_start : self._operands_span_end()]
 
     @property
+    def operand_refs(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Each operand as (instruction name, tuple index path).
+
+        jax >= 0.11 dumps leave out get-tuple-element instructions and write the
+        element in the operand: ``%t#1`` is element 1 of ``%t`` (path ``(1,)``),
+        ``%t#1#0`` element 0 of that (``(1, 0)``). A plain ``%t`` has path ``()``.
+        """
+        return [(name, path) for name, path, _ in self._operand_refs()]
+
+    @property
     def operand_names(self) -> list[str]:
-        """Names of the operand instructions (for `parameter`/`constant`: none)."""
-        if self.opcode in ("parameter", "constant", "iota", "rng-bit-generator-state"):
-            return []
-        head = self.source
-        start, end = self._operands_start, self._operands_span_end()
-        names = []
-        for a, b in split_top_level(head, start, end):
-            item = _INDEX_COMMENT.sub("", head[a:b]).strip()
-            names.append(item.rsplit(" ", 1)[-1].lstrip("%"))
-        return names
+        """Names of the operand instructions (for `parameter`/`constant`: none).
+
+        ``%t#1`` names ``t``: the instruction whose result holds the operand.
+        """
+        return [name for name, _, _ in self._operand_refs()]
 
     @property
     def operands(self) -> list[Instruction]:
-        """The operand instructions, looked up in this instruction's computation."""
-        result = []
-        for name in self.operand_names:
-            operand = self.computation.get(name)
-            if operand is None:
-                raise self._error(
-                    self.source.find(name, self._operands_start),
-                    f"operand '%{name}' is not defined in computation '{self.computation.name}'",
-                )
-            result.append(operand)
-        return result
+        """The operand instructions, looked up in this instruction's computation.
+
+        For ``%t#1`` that is ``%t`` itself (see ``operand_refs``/``operand_shapes``).
+        """
+        return [self._operand(name, at) for name, _, at in self._operand_refs()]
+
+    @property
+    def operand_shape_texts(self) -> list[str]:
+        """Each operand's shape as printed, tuple indices applied (``%t#1``: element 1 of
+        ``%t``'s tuple shape, without its ``/*index=N*/`` comment)."""
+        texts = []
+        for name, path, at in self._operand_refs():
+            operand = self._operand(name, at)
+            text = operand.shape_text
+            for index in path:
+                elements = []
+                if text.startswith("("):
+                    elements = split_top_level(text, 1, len(text) - 1)  # checked when parsed
+                if index >= len(elements):
+                    raise self._error(
+                        at,
+                        f"operand '%{name}': no tuple element {index} in shape "
+                        f"'{excerpt(operand.shape_text)}'",
+                    )
+                a, b = elements[index]
+                text = blank_comments(text[a:b]).strip(WHITESPACE)
+            texts.append(text)
+        return texts
+
+    @property
+    def operand_shapes(self) -> list[Shape]:
+        """The shape of each operand, tuple indices applied (see ``operand_shape_texts``)."""
+        return [parse_shape(text) for text in self.operand_shape_texts]
 
     @property
     def attributes(self) -> dict[str, str]:
@@ -153,8 +210,7 @@ class Instruction:
 
     def error(self, message: str) -> HloError:
         """An HloError pointing at this instruction's name."""
-        # The name is what precedes the first " = " (it may also occur inside "  ROOT %").
-        return self._error(self.source.index(" = ") - len(self.name), message)
+        return self._error(self._name_offset(), message)
 
     # -- editing -----------------------------------------------------------------
 
@@ -179,7 +235,9 @@ class Instruction:
         if not self._edited:
             return self.source
         head = self.source[: self._operands_span_end() + 1]
-        return head + "".join(f", {k}={v}" for k, v in self.attributes.items())
+        # A line of a CRLF file keeps its "\r" so the output keeps one line-end style.
+        tail = "\r" if self.source.endswith("\r") else ""
+        return head + "".join(f", {k}={v}" for k, v in self.attributes.items()) + tail
 
     # -- internals ---------------------------------------------------------------
 
@@ -191,15 +249,61 @@ class Instruction:
                 raise self._error(e.offset, e.message) from None
         return self._operands_end
 
+    def _operand(self, name: str, at: int) -> Instruction:
+        operand = self.computation.get(name)
+        if operand is None:
+            raise self._error(
+                at, f"operand '%{name}' is not defined in computation '{self.computation.name}'"
+            )
+        return operand
+
+    def _operand_refs(self) -> list[_OperandRef]:
+        if self.opcode in _NO_OPERANDS:
+            return []
+        source = self.source
+        try:
+            spans = split_top_level(source, self._operands_start, self._operands_span_end())
+        except ScanError as e:
+            raise self._error(e.offset, e.message) from None
+        refs = []
+        for a, b in spans:
+            # `[shape] %name[#index...]`, with /*index=N*/ comments anywhere.
+            item = blank_comments(source[a:b])
+            head, *indices = item.split("#")
+            name = head.rsplit(None, 1)[-1] if head and not head.isspace() else ""
+            at = a + len(head.rstrip(WHITESPACE)) - len(name)
+            if name.startswith("%"):
+                name = name[1:]
+                at += 1
+            if not name:
+                raise self._error(a, f"expected an operand '%name', found '{excerpt(item)}'")
+            path: list[int] = []
+            offset = a + len(head) + 1
+            for index in indices:
+                try:
+                    path.append(parse_int(index, offset))
+                except ScanError as e:
+                    raise self._error(
+                        e.offset, f"bad tuple index of '%{name}': {e.message}"
+                    ) from None
+                if path[-1] < 0:
+                    raise self._error(offset, f"tuple index of '%{name}' is negative")
+                offset += len(index) + 1
+            refs.append((name, tuple(path), at))
+        return refs
+
     def _parse_attributes(self) -> dict[str, str]:
         text = self.source
         start = self._operands_span_end() + 1
-        if start >= len(text):
+        end = len(text)
+        while end > start and text[end - 1] in WHITESPACE:  # "\r" of a CRLF line
+            end -= 1
+        if start >= end:
             return {}
         if not text.startswith(", ", start):
             raise self._error(start, "expected ', attribute=value' or end of line after operands")
         try:
-            spans = split_top_level(text, start + 2)
+            spans = split_top_level(text, start + 2, end)
         except ScanError as e:
             raise self._error(e.offset, e.message) from None
         attributes: dict[str, str] = {}
@@ -207,17 +311,29 @@ class Instruction:
         for a, b in spans:
             eq = text.find("=", a, b)
             if eq < 0:
-                raise self._error(a, f"expected 'attribute=value', found '{text[a:b]}'")
+                raise self._error(a, f"expected 'attribute=value', found '{excerpt(text[a:b])}'")
             key = text[a:eq]
             if key == "device_ids" and text.startswith("replica_groups=mesh[", previous[0]):
                 # `replica_groups=mesh[...], device_ids=(...) {axes}` is one value.
                 attributes["replica_groups"] = text[previous[0] + len("replica_groups=") : b]
                 continue
             if key in attributes:
-                raise self._error(a, f"duplicate attribute '{key}'")
+                raise self._error(a, f"duplicate attribute '{excerpt(key)}'")
             attributes[key] = text[eq + 1 : b]
             previous = (a, b)
         return attributes
+
+    def _name_offset(self) -> int:
+        """Where the name starts: after the indentation, `ROOT ` and `%`."""
+        source = self.source
+        i = 0
+        while i < len(source) and source[i] in " \t":
+            i += 1
+        if self.is_root:
+            i += len("ROOT")
+            while i < len(source) and source[i] in " \t":
+                i += 1
+        return i + 1 if source.startswith("%", i) else i
 
     def _error(self, offset: int, message: str) -> HloError:
         module = self.computation.module
@@ -230,7 +346,17 @@ class Instruction:
 class Computation:
     """A computation: its instructions in schedule order (the printed order)."""
 
-    __slots__ = ("_by_name", "header", "instructions", "is_entry", "line", "module", "name")
+    __slots__ = (
+        "_by_name",
+        "_trivia",
+        "footer",
+        "header",
+        "instructions",
+        "is_entry",
+        "line",
+        "module",
+        "name",
+    )
 
     def __init__(self, module: Module, name: str, header: str, line: int, is_entry: bool) -> None:
         self.module = module
@@ -240,6 +366,12 @@ class Computation:
         self.is_entry = is_entry
         self.instructions: list[Instruction] = []
         self._by_name: dict[str, Instruction] = {}
+        # The source text that closes the computation: its `}` line, after any
+        # comment or blank lines that follow the last instruction.
+        self.footer = "}"
+        # Comment and blank lines inside the computation, by the name of the
+        # instruction they precede (printed back in place; none in XLA's output).
+        self._trivia: dict[str, list[str]] = {}
 
     def __repr__(self) -> str:
         return f"<Computation %{self.name}: {len(self.instructions)} instructions>"
@@ -261,6 +393,16 @@ class Computation:
         self.instructions.append(inst)
         self._by_name[inst.name] = inst
 
+    def _print(self, out: list[str]) -> None:
+        out.append(self.header)
+        if not self._trivia:
+            out.extend(inst.text for inst in self.instructions)
+        else:
+            for inst in self.instructions:
+                out.extend(self._trivia.get(inst.name, ()))
+                out.append(inst.text)
+        out.append(self.footer)
+
 
 class Module:
     """A parsed HLO module. ``print()`` gives the text back."""
@@ -275,6 +417,7 @@ class Module:
         # Printed layout: raw lines and computations, in source order.
         self._items: list[str | Computation] = []
         self._header_attributes: dict[str, str] | None = None
+        self._device_counts = (1, 1)  # (replica_count, num_partitions), checked
 
     def __repr__(self) -> str:
         return f"<Module {self.name}: {len(self.computations)} computations>"
@@ -308,18 +451,22 @@ class Module:
 
     @property
     def num_partitions(self) -> int:
-        return int(self.header_attributes.get("num_partitions", "1"))
+        """Checked when parsed: a positive integer, and with replica_count <= MAX_DEVICES."""
+        self.header_attributes  # noqa: B018 - parses and checks the counts
+        return self._device_counts[1]
 
     @property
     def replica_count(self) -> int:
-        return int(self.header_attributes.get("replica_count", "1"))
+        self.header_attributes  # noqa: B018 - parses and checks the counts
+        return self._device_counts[0]
 
     def instructions(self) -> Iterator[Instruction]:
         for comp in self.computations:
             yield from comp.instructions
 
     def source_line(self, line: int) -> str:
-        return self._lines[line - 1] if 0 < line <= len(self._lines) else ""
+        """Source line ``line`` (1-based) for error messages, without a CRLF's "\r"."""
+        return self._lines[line - 1].rstrip("\r") if 0 < line <= len(self._lines) else ""
 
     def print(self) -> str:
         out: list[str] = []
@@ -327,41 +474,68 @@ class Module:
             if isinstance(item, str):
                 out.append(item)
             else:
-                out.append(item.header)
-                out.extend(inst.text for inst in item.instructions)
-                out.append("}")
+                item._print(out)
         return "\n".join(out)
 
 
 def parse_module(text: str, path: str = "<string>") -> Module:
     """Parse HLO module text; raises HloError naming path, line and column."""
+    # Split on "\n" only: a CRLF line keeps its "\r", read as trailing whitespace
+    # and printed back as it was.
     lines = text.split("\n")
     module = Module(path, lines)
     # `//` comment lines (FileCheck RUN/CHECK lines in tests) may precede the header.
     first = 0
-    while first < len(lines) - 1 and (not lines[first] or lines[first].startswith("//")):
+    while first < len(lines) - 1 and (
+        not lines[first].strip(WHITESPACE) or lines[first].startswith("//")
+    ):
         module._items.append(lines[first])
         first += 1
-    if not lines[first].startswith("HloModule "):
+    header = lines[first]
+    module.name = header[len("HloModule ") :].split(",", 1)[0].strip(WHITESPACE)
+    if not header.startswith(("HloModule ", "HloModule\t")) or not module.name:
         raise _line_error(module, first + 1, 0, "expected 'HloModule <name>'")
-    module._items.append(lines[first])
+    module._items.append(header)
     module.header_line = first + 1
-    module.name = lines[first][len("HloModule ") :].split(",", 1)[0].strip()
     module.header_attributes  # noqa: B018 - validate the header eagerly
     names: dict[str, int] = {}
     computation_names: set[str] = set()
     comp: Computation | None = None
+    root_line = 0  # of the current computation's ROOT instruction
+    pending: list[str] = []  # comment and blank lines inside the current computation
     in_section = False
     for index in range(first + 1, len(lines)):
         line = lines[index]
         line_no = index + 1
         if comp is not None:
-            if line.startswith("  "):
-                _add_instruction(module, comp, line, line_no, names)
-            elif line == "}":
+            m = _INSTRUCTION.match(line)
+            if m is not None:
+                inst = _add_instruction(module, comp, line, line_no, names, m)
+                if inst.is_root:
+                    if root_line:
+                        raise _line_error(
+                            module, line_no, m.start(1),
+                            f"computation '{comp.name}' has a second ROOT instruction "
+                            f"(the first is at line {root_line})",
+                        )  # fmt: skip
+                    root_line = line_no
+                if pending:
+                    comp._trivia[inst.name] = pending
+                    pending = []
+                continue
+            stripped = line.strip(WHITESPACE)
+            if stripped == "}":
                 if not comp.instructions:
                     raise _line_error(module, line_no, 0, f"computation '{comp.name}' is empty")
-                comp = None
+                comp.footer = "\n".join([*pending, line])
+                comp, root_line, pending = None, 0, []
+            elif not stripped or stripped.startswith("//"):
+                pending.append(line)  # XLA's lexer skips these; printed back in place
+            elif line[0] in " \t":
+                raise _line_error(
+                    module, line_no, len(line) - len(line.lstrip(WHITESPACE)),
+                    "expected an instruction '%name = shape opcode(operands)'",
+                )  # fmt: skip
             else:
                 raise _line_error(
                     module, line_no, 0,
@@ -369,19 +543,20 @@ def parse_module(text: str, path: str = "<string>") -> Module:
                     f"(opened at line {comp.line})",
                 )  # fmt: skip
             continue
-        if not line or line.startswith("//"):
+        stripped = line.strip(WHITESPACE)
+        if not stripped or stripped.startswith("//"):
             in_section = False
             module._items.append(line)
-        elif line in _SECTION_HEADERS:
+        elif stripped in _SECTION_HEADERS:
             in_section = True
             module._items.append(line)
         elif in_section and line[0].isdigit():
             module._items.append(line)
-        elif (m := _COMPUTATION.fullmatch(line)) is not None:
+        elif (m := _computation_header(line)) is not None:
             name = m.group(2)
             if name in computation_names:
                 raise _line_error(
-                    module, line_no, line.find(name), f"duplicate computation '{name}'"
+                    module, line_no, m.start(2), f"duplicate computation '{excerpt(name)}'"
                 )
             computation_names.add(name)
             comp = Computation(module, name, line, line_no, is_entry=m.group(1) is not None)
@@ -406,19 +581,47 @@ def parse_module(text: str, path: str = "<string>") -> Module:
     return module
 
 
-def _add_instruction(
-    module: Module, comp: Computation, line: str, line_no: int, names: dict[str, int]
-) -> None:
-    m = _INSTRUCTION.match(line)
+def _computation_header(line: str) -> re.Match[str] | None:
+    """The name match of ``[ENTRY] %name [(params) -> shape] {``, or None.
+
+    Checked piecewise with find(): the one-regex form `\\(.*\\) -> .* \\{`
+    backtracks quadratically on a line of repeated `) -> `.
+    """
+    m = _COMPUTATION_NAME.match(line)
     if m is None:
-        raise _line_error(
-            module, line_no, 2, "expected an instruction '%name = shape opcode(operands)'"
-        )
+        return None
+    end = len(line)
+    while end > m.end() and line[end - 1] in WHITESPACE:
+        end -= 1
+    if end == m.end() or line[end - 1] != "{":
+        return None
+    signature_start, signature_end = m.end(), end - 1
+    if signature_start == signature_end:
+        return m  # `%name {`: XLA allows a computation without a signature
+    if line[signature_start] != "(":
+        return None
+    arrow = line.find("->", signature_start, signature_end)
+    if arrow < 0 or not line[arrow + 2 : signature_end].strip(WHITESPACE):
+        return None
+    close = arrow
+    while line[close - 1] in " \t":
+        close -= 1
+    return m if line[close - 1] == ")" else None
+
+
+def _add_instruction(
+    module: Module,
+    comp: Computation,
+    line: str,
+    line_no: int,
+    names: dict[str, int],
+    m: re.Match[str],
+) -> Instruction:
     name = m.group(2)
     if name in names:
         raise _line_error(
             module, line_no, m.start(2),
-            f"duplicate instruction name '%{name}' (first defined at line {names[name]})",
+            f"duplicate instruction name '%{excerpt(name)}' (first defined at line {names[name]})",
         )  # fmt: skip
     names[name] = line_no
     shape_text = m.group(3)
@@ -438,30 +641,65 @@ def _add_instruction(
             split_top_level(line, m.end() - 1)  # from the operand list's own "("
         except ScanError as e:
             raise _line_error(module, line_no, e.offset, e.message) from None
-    comp._add(
-        Instruction(
-            comp, line_no, line, name, shape_text, m.group(4), m.end(), m.group(1) is not None
-        )
+    inst = Instruction(
+        comp, line_no, line, name, shape_text, m.group(4), m.end(), m.group(1) is not None
     )
+    comp._add(inst)
+    return inst
 
 
 def _parse_header(module: Module) -> dict[str, str]:
-    line = module.source_line(module.header_line)
+    line_no = module.header_line
+    line = module.source_line(line_no)
     comma = line.find(",")
     if comma < 0:
         return {}
     try:
         spans = split_top_level(line, comma + 1)
     except ScanError as e:
-        raise _line_error(module, module.header_line, e.offset, e.message) from None
-    attributes = {}
+        raise _line_error(module, line_no, e.offset, e.message) from None
+    attributes: dict[str, str] = {}
+    value_at: dict[str, int] = {}
     for a, b in spans:
         eq = line.find("=", a, b)
         if eq < 0:
             raise _line_error(
-                module, module.header_line, a, f"expected 'attribute=value', found '{line[a:b]}'"
+                module, line_no, a, f"expected 'attribute=value', found '{excerpt(line[a:b])}'"
             )
-        attributes[line[a:eq]] = line[eq + 1 : b]
+        key = line[a:eq]
+        if key in attributes:
+            raise _line_error(module, line_no, a, f"duplicate attribute '{excerpt(key)}'")
+        attributes[key] = line[eq + 1 : b]
+        value_at[key] = eq + 1
+    counts = []
+    for key in ("replica_count", "num_partitions"):
+        value = attributes.get(key)
+        count = 1
+        if value is not None:
+            try:
+                count = parse_int(value)
+            except ScanError:
+                count = 0
+            if count < 1:
+                raise _line_error(
+                    module, line_no, value_at[key],
+                    f"{key} must be a positive integer, found '{excerpt(value)}'",
+                )  # fmt: skip
+            if count > MAX_DEVICES:
+                raise _line_error(
+                    module, line_no, value_at[key],
+                    f"{key}={count} is more than the {MAX_DEVICES} devices a module may "
+                    "address (MAX_DEVICES)",
+                )  # fmt: skip
+        counts.append(count)
+    replicas, partitions = counts
+    if replicas * partitions > MAX_DEVICES:
+        raise _line_error(
+            module, line_no, value_at["num_partitions"],
+            f"replica_count={replicas} x num_partitions={partitions} is more than the "
+            f"{MAX_DEVICES} devices a module may address (MAX_DEVICES)",
+        )  # fmt: skip
+    module._device_counts = (replicas, partitions)
     return attributes
 
 

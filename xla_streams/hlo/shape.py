@@ -6,7 +6,14 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from xla_streams.hlo.text import ScanError, split_top_level
+from xla_streams.hlo.text import (
+    INT64_MAX,
+    ScanError,
+    blank_comments,
+    excerpt,
+    parse_int,
+    split_top_level,
+)
 
 # Bits per element; sub-byte types are packed, tokens and opaques carry no data.
 ELEMENT_BITS: dict[str, int] = {
@@ -21,7 +28,9 @@ ELEMENT_BITS: dict[str, int] = {
 
 # element type, dimensions, optional layout (tiles, memory space and the like).
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[((?:<=)?\d+(?:,(?:<=)?\d+)*)?\](\{[^{}]*\})?")
-_COMMENT = re.compile(r"/\*.*?\*/")
+# Real tuples nest a few levels; the limit keeps hostile "((((...))))" from
+# exhausting Python's recursion (a RecursionError is no located error).
+MAX_TUPLE_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -59,27 +68,36 @@ def parse_shape(text: str) -> Shape:
     Cached: a large module repeats a few hundred distinct shapes many thousand
     times. Bounded, since the plugin parses every module a long job compiles.
     """
-    text_nc = _COMMENT.sub(lambda m: " " * len(m.group()), text)
-    shape = _parse(text_nc, 0, len(text_nc))
-    return shape
+    text_nc = blank_comments(text)
+    return _parse(text_nc, 0, len(text_nc), 0)
 
 
-def _parse(s: str, start: int, end: int) -> Shape:
+def _parse(s: str, start: int, end: int, depth: int) -> Shape:
     while start < end and s[start] == " ":
         start += 1
     if start < end and s[start] == "(":
         if s[end - 1] != ")":
             raise ScanError(end - 1, "expected ')' closing the tuple shape")
+        if depth == MAX_TUPLE_DEPTH:
+            raise ScanError(start, f"tuple shape nested deeper than {MAX_TUPLE_DEPTH} levels")
         items = split_top_level(s, start + 1, end - 1)
-        return Shape(None, (), tuple(_parse(s, a, b) for a, b in items))
+        return Shape(None, (), tuple(_parse(s, a, b, depth + 1) for a, b in items))
     m = _ARRAY.fullmatch(s, start, end)
     if m is None:
         raise ScanError(
-            start, f"expected a shape such as 'f32[8,128]{{1,0}}', found '{s[start:end]}'"
+            start, f"expected a shape such as 'f32[8,128]{{1,0}}', found '{excerpt(s[start:end])}'"
         )
     element_type = m.group(1)
     if element_type not in ELEMENT_BITS:
         raise ScanError(start, f"unknown element type '{element_type}'")
     dims = m.group(2)
-    dimensions = tuple(int(d.removeprefix("<=")) for d in dims.split(",")) if dims else ()
+    at = m.start(2)
+    dimensions = tuple(parse_int(d.removeprefix("<="), at) for d in dims.split(",")) if dims else ()
+    # XLA refuses an array whose element count overflows int64 (and byte_size
+    # is later summed and turned into floats by the cost model).
+    elements = 1
+    for d in dimensions:
+        elements *= d
+        if elements > INT64_MAX:
+            raise ScanError(start, f"array shape '{excerpt(s[start:end])}' is too large for XLA")
     return Shape(element_type, dimensions)

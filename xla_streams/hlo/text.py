@@ -2,7 +2,11 @@
 
 Attribute values nest (``{{0,1},{2,3}}``), embed JSON whose strings may hold any
 bracket, and carry ``/*index=5*/`` comments, so splitting on commas or finding a
-closing bracket must skip quoted strings and track depth.
+closing bracket must skip quoted strings and comments and track depth.
+
+Every scan here is linear in the length of its input, hostile input included:
+the plugin parses whatever a job compiles, and a regex that backtracks turns a
+few hundred KB into minutes.
 """
 
 from __future__ import annotations
@@ -10,9 +14,16 @@ from __future__ import annotations
 import re
 
 # A whole double-quoted string (with escapes) is one token, so brackets inside
-# it are never counted; a lone quote is an unterminated string.
-_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|"|/\*.*?\*/|[(){}\[\],]')
+# it are never counted; a lone quote is an unterminated string. A whole comment
+# is one token too; a lone "/*" is an unterminated one. Scans stop at the first
+# lone quote or "/*", so the failed look-ahead to the end happens once (linear).
+_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|"|/\*.*?\*/|/\*|[(){}\[\],]', re.DOTALL)
+_NESTING = re.compile(r'[(){}\[\]"]|/\*')
 _CLOSER = {"(": ")", "{": "}", "[": "]"}
+_CLOSERS = frozenset(_CLOSER.values())
+# What XLA's lexer skips between tokens (a CRLF file leaves "\r" at line ends).
+WHITESPACE = " \t\r\n"
+INT64_MAX = (1 << 63) - 1
 
 
 class ScanError(Exception):
@@ -27,29 +38,37 @@ class ScanError(Exception):
 def split_top_level(s: str, start: int = 0, end: int | None = None) -> list[tuple[int, int]]:
     """Spans of the comma-separated items of ``s[start:end]`` at bracket depth 0.
 
-    Items are trimmed of surrounding spaces; an empty range gives no items.
+    Items are trimmed of surrounding whitespace; an empty range gives no items.
     """
     if end is None:
         end = len(s)
     spans: list[tuple[int, int]] = []
-    stack: list[tuple[str, int]] = []
     piece = start
+    if _NESTING.search(s, start, end) is None:
+        # Nothing nests or quotes (most operand lists): commas split, no token loop.
+        while (comma := s.find(",", piece, end)) >= 0:
+            spans.append(_trim(s, piece, comma))
+            piece = comma + 1
+        last = _trim(s, piece, end)
+        if spans or last[0] < last[1]:
+            spans.append(last)
+        return spans
+    stack: list[tuple[str, int]] = []
     for m in _TOKENS.finditer(s, start, end):
-        token = m.group()
-        c = token[0]
-        if c == '"':
-            if len(token) == 1:
-                raise ScanError(m.start(), "unterminated string")
+        c = m.group()  # most often one character; else a string or a comment
+        if c == ",":
+            if not stack:
+                spans.append(_trim(s, piece, m.start()))
+                piece = m.end()
         elif c in _CLOSER:
             stack.append((c, m.start()))
-        elif c in ")}]":
+        elif c in _CLOSERS:
             if not stack or _CLOSER[stack[-1][0]] != c:
                 expected = f"'{_CLOSER[stack[-1][0]]}'" if stack else "no closing bracket"
                 raise ScanError(m.start(), f"unbalanced '{c}': expected {expected}")
             stack.pop()
-        elif c == "," and not stack:
-            spans.append(_trim(s, piece, m.start()))
-            piece = m.end()
+        else:
+            _check_closed(c, m.start())
     if stack:
         opener, at = stack[-1]
         raise ScanError(at, f"'{opener}' is never closed: expected '{_CLOSER[opener]}'")
@@ -65,17 +84,15 @@ def find_closing(s: str, open_index: int, end: int | None = None) -> int:
         end = len(s)
     depth = 0
     for m in _TOKENS.finditer(s, open_index, end):
-        token = m.group()
-        c = token[0]
-        if c == '"':
-            if len(token) == 1:
-                raise ScanError(m.start(), "unterminated string")
-        elif c in _CLOSER:
+        c = m.group()
+        if c in _CLOSER:
             depth += 1
-        elif c in ")}]":
+        elif c in _CLOSERS:
             depth -= 1
             if depth == 0:
                 return m.start()
+        elif c != ",":
+            _check_closed(c, m.start())
     raise ScanError(
         open_index, f"'{s[open_index]}' is never closed: expected '{_CLOSER[s[open_index]]}'"
     )
@@ -86,9 +103,58 @@ def check_balanced(s: str, start: int = 0) -> None:
     split_top_level(s, start, len(s))
 
 
+def blank_comments(s: str) -> str:
+    """``s`` with every ``/*...*/`` replaced by as many spaces, so offsets still hold.
+
+    For text without quoted strings (shapes, operand lists, replica groups). An
+    unterminated ``/*`` is left in place for the caller's grammar to reject.
+    """
+    if "/*" not in s:
+        return s
+    parts = []
+    pos = 0
+    while (i := s.find("/*", pos)) >= 0:
+        j = s.find("*/", i + 2)
+        if j < 0:
+            break  # and so is every later "/*": one failed search, not one per "/*"
+        parts.append(s[pos:i])
+        parts.append(" " * (j + 2 - i))
+        pos = j + 2
+    parts.append(s[pos:])
+    return "".join(parts)
+
+
+def parse_int(digits: str, offset: int = 0) -> int:
+    """A decimal int64 (XLA's integer type); ScanError at ``offset`` when out of range.
+
+    Checked on length first: Python refuses to convert more than 4300 digits
+    (ValueError), and a number that large is nothing XLA would read anyway.
+    """
+    if len(digits) < 19 and digits.isdigit() and digits.isascii():
+        return int(digits)  # the common case, checked cheaply
+    body = digits.strip(WHITESPACE).removeprefix("-")
+    if not body.isdigit() or not body.isascii():
+        raise ScanError(offset, f"expected an integer, found '{digits.strip(WHITESPACE)}'")
+    if len(body) > 19 or int(body) > INT64_MAX:
+        raise ScanError(offset, f"integer {digits.strip(WHITESPACE)[:30]} is out of range")
+    return int(digits)
+
+
+def excerpt(text: str, limit: int = 80) -> str:
+    """``text`` shortened for an error message (hostile input may be one huge token)."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_closed(token: str, offset: int) -> None:
+    if token == '"':
+        raise ScanError(offset, "unterminated string")
+    if token == "/*":
+        raise ScanError(offset, "unterminated comment: expected '*/'")
+
+
 def _trim(s: str, start: int, end: int) -> tuple[int, int]:
-    while start < end and s[start] == " ":
+    while start < end and s[start] in WHITESPACE:
         start += 1
-    while end > start and s[end - 1] == " ":
+    while end > start and s[end - 1] in WHITESPACE:
         end -= 1
     return start, end
