@@ -677,3 +677,69 @@ def test_the_hook_reaches_gpu_plugins_without_starting_a_backend(
     assert registered == [("cuda", "xla_streams_test")]
     jax_compat.register_compile_hook("xla_streams_test", lambda b: None, ["rocm"])
     assert registered == [("cuda", "xla_streams_test")]  # no ROCm plugin here
+
+
+def test_the_readme_documents_every_setting() -> None:
+    from xla_streams.config import SETTINGS, spelled
+
+    readme = (REPO / "README.md").read_text()
+    assert [s.name for s in SETTINGS if f"`{spelled(s.name, 'env')}" not in readme] == []
+
+
+TUNE_FILE = {
+    "schema": "xla_streams.tune.v1", "program": "train.py", "target": "h100", "devices": 8,
+    "devices_per_host": 8,
+    "baseline": {"xla_flags": {}, "streams": 1, "policy": "interval", "predicted_step_ms": 2.0,
+                 "peak_memory_bytes": 1000},
+    "best": {"xla_flags": {"xla_gpu_experimental_parallel_collective_overlap_limit": 4,
+                           "xla_gpu_pipeline_all_gather": "COLLECTIVE_PIPELINING_MODE_ON",
+                           "xla_gpu_enable_while_loop_double_buffering": True},
+             "streams": 2, "policy": "round-robin", "predicted_step_ms": 1.5,
+             "peak_memory_bytes": 1100},
+    "candidates": [],
+    "command": "python train.py",
+}  # fmt: skip
+
+TUNED_SCRIPT = """
+import os
+import jax, jax.numpy as jnp
+from xla_streams import plugin
+print(jax.jit(lambda x: x + 1)(jnp.ones(2)))
+config = plugin.current()
+print("K", config.collective_streams, config.policy)
+print("XLA_FLAGS", os.environ["XLA_FLAGS"])
+"""
+
+
+def test_a_tune_file_sets_k_the_policy_and_xla_options(tmp_path: Path) -> None:
+    """XLA_STREAMS_CONFIG on an unmodified program: the tune result's K and policy, and its
+    XLA options in XLA_FLAGS (its overlap limit over native mode's, enums in the short
+    spelling XLA_FLAGS takes), except where the user set them."""
+    tune = tmp_path / "tune.json"
+    tune.write_text(json.dumps(TUNE_FILE))
+    script = tmp_path / "tuned.py"
+    script.write_text(TUNED_SCRIPT)
+    user = "--xla_force_host_platform_device_count=8 --xla_gpu_enable_while_loop_double_buffering=false"
+    result = run_python(
+        [str(script)], tmp_path, {"XLA_STREAMS_CONFIG": str(tune), "XLA_FLAGS": user}
+    )
+    assert result.returncode == 0, result.stderr
+    assert "K 2 round-robin" in result.stdout
+    (flags_line,) = [line for line in result.stdout.splitlines() if line.startswith("XLA_FLAGS")]
+    flags = flags_line.split()[1:]
+    assert "--xla_gpu_experimental_parallel_collective_overlap_limit=4" in flags
+    assert "--xla_gpu_executable_num_communication_streams=2" in flags
+    assert "--xla_gpu_pipeline_all_gather=ON" in flags
+    assert "--xla_gpu_enable_while_loop_double_buffering=false" in flags  # the user's stays
+    assert "--xla_gpu_enable_while_loop_double_buffering=true" not in flags
+    assert f"tuned by {tune}" in result.stderr
+    # A setting beside the file wins; a broken file stops the program naming it.
+    result = run_python(
+        [str(script)], tmp_path,
+        {"XLA_STREAMS_CONFIG": str(tune), "XLA_STREAMS_COLLECTIVE_STREAMS": "3"},
+    )  # fmt: skip
+    assert "K 3 round-robin" in result.stdout, result.stderr
+    tune.write_text(json.dumps({**TUNE_FILE, "best": {**TUNE_FILE["best"], "streams": 0}}))
+    result = run_python([str(script)], tmp_path, {"XLA_STREAMS_CONFIG": str(tune)})
+    assert result.returncode != 0
+    assert "XLA_STREAMS_CONFIG" in result.stderr and "best.streams" in result.stderr

@@ -244,7 +244,7 @@ def _report(args: Args) -> int:
 
 
 def _demo_flags(fv: flags.FlagValues) -> None:
-    from xla_streams.aot import TARGETS
+    from xla_streams.aot import GPU_CONFIGS
     from xla_streams.programs import DEFAULT_PROGRAM, PROGRAMS
 
     _streams_flags(fv)
@@ -263,7 +263,7 @@ def _demo_flags(fv: flags.FlagValues) -> None:
         "there are enough GPUs, else aot.", flag_values=fv,
     )  # fmt: skip
     flags.DEFINE_enum(
-        "target", "h100", sorted(TARGETS), "The GPU to compile for without one (aot).",
+        "target", "h100", sorted(GPU_CONFIGS), "The GPU to compile for without one (aot).",
         flag_values=fv,
     )  # fmt: skip
 
@@ -307,9 +307,22 @@ def _tune_flags(fv: flags.FlagValues) -> None:
 
 
 def _tune(args: Args) -> int:
-    from xla_streams.tune import run_cli  # imports JAX when it compiles: only for this command
+    # Imports JAX when it compiles: only for this command.
+    from xla_streams.tune import TuneError, TuneUsageError, run_command
 
-    return run_cli(args)
+    try:
+        result = run_command(args.positional, args.flag, args.stderr)
+    except TuneUsageError as e:
+        raise UsageError(str(e)) from None
+    except TuneError as e:
+        raise InputError(str(e)) from None
+    args.output(args.flag("json"), result.json_text())
+    args.output(args.flag("hlo"), result.best_hlo)
+    if args.uses_stdout("json", "hlo"):
+        args.messages.append(result.table())
+    else:
+        args.output(STDIO, result.table())
+    return EXIT_OK
 
 
 COMMANDS: dict[str, Command] = {

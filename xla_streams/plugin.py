@@ -241,9 +241,10 @@ def _apply_xla_options(config: Config) -> list[str]:
     """Add what ``config`` needs to XLA_FLAGS while XLA has not read it yet; sets the
     stream model from the overlap limit that will be in effect."""
     global _xla_flags_before, _xla_flags_added, _model
-    wanted = dict(config.xla_options)
-    if config.mode == "native":
-        wanted.update(xla_options.native_mode(config.collective_streams))
+    # A tune result's options win over native mode's defaults (its overlap limit is
+    # what its prediction was made with).
+    native = xla_options.native_mode(config.collective_streams) if config.mode == "native" else {}
+    wanted = {**native, **config.xla_options}
     current_flags = os.environ.get("XLA_FLAGS", "")
     # Ours from an earlier enable() are replaced, not kept as the user's.
     base = xla_options.without(current_flags, _xla_flags_added)

@@ -394,6 +394,125 @@ def gspmd_step(devices: Sequence[Any]) -> Built:
     return fn, (_abstract(mesh, shapes, specs), _abstract(mesh, ((batch, dim), f32), x_spec))
 
 
+# --------------------------------------------------------------------------
+# Programs for `xla-streams tune` (xla_streams/tune.py): one where XLA's overlap
+# levers pay, one where nothing can overlap.
+
+
+def fsdp_tp_scan(devices: Sequence[Any]) -> Built:
+    """An 8-layer transformer step under lax.scan on 32 GPUs (4 hosts of 8): FSDP across
+    hosts, tensor parallel inside a host. Per layer, the weight all-gathers cross hosts
+    (network) while the TP all-reduces stay on NVLink."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    mesh_shape = (len(devices) // 8, 8) if len(devices) >= 16 else (2, len(devices) // 2)
+    mesh = _mesh(devices, mesh_shape, ("data", "model"))
+    layers, d_model, heads, d_ff, batch, seq = 8, 4096, 32, 16384, 16, 256
+    d_head = d_model // heads
+    f32 = jnp.float32
+    shapes = {
+        "wqkv": ((layers, d_model, 3, heads, d_head), f32),
+        "wo": ((layers, heads, d_head, d_model), f32),
+        "w1": ((layers, d_model, d_ff), f32),
+        "w2": ((layers, d_ff, d_model), f32),
+    }
+    # Layer-stacked weights: FSDP shards d_model over "data", heads / d_ff go over "model".
+    specs = {
+        "wqkv": P(None, "data", None, "model", None),
+        "wo": P(None, "model", None, "data"),
+        "w1": P(None, "data", "model"),
+        "w2": P(None, "model", "data"),
+    }
+    gather_axis = {"wqkv": 0, "wo": 2, "w1": 0, "w2": 1}
+    x_spec = P("data", None, None)
+
+    def rms_norm(x: Any) -> Any:
+        return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+
+    def block(x: Any, p: Any) -> Any:
+        w = {
+            k: jax.lax.all_gather(v, "data", axis=gather_axis[k], tiled=True) for k, v in p.items()
+        }
+        h = rms_norm(x)
+        qkv = jnp.einsum("bsd,dthe->tbhse", h, w["wqkv"])
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        logits = jnp.einsum("bhqe,bhke->bhqk", q, k) / jnp.sqrt(f32(d_head))
+        causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+        probs = jax.nn.softmax(jnp.where(causal, logits, -1e9), axis=-1)
+        attn = jnp.einsum("bhqk,bhke->bhqe", probs, v)
+        x = x + jax.lax.psum(jnp.einsum("bhse,hed->bsd", attn, w["wo"]), "model")
+        h = jax.nn.gelu(rms_norm(x) @ w["w1"])
+        return x + jax.lax.psum(h @ w["w2"], "model"), None
+
+    def local_loss(params: Any, x: Any) -> Any:
+        x, _ = jax.lax.scan(block, x, params)
+        return jax.lax.psum(jnp.mean(x * x), "data") / mesh_shape[0]
+
+    loss = jax.shard_map(local_loss, mesh=mesh, in_specs=(specs, x_spec), out_specs=P())
+    fn = jax.jit(_sgd_step(loss), donate_argnums=0)
+    x = _abstract(mesh, ((batch, seq, d_model), f32), x_spec)
+    return fn, (_abstract(mesh, shapes, specs), x)
+
+
+def fsdp_tp_mlp_scan(devices: Sequence[Any]) -> Built:
+    """A 6-layer FSDP x TP MLP under lax.scan on 16 GPUs (2 hosts of 8): the shape of
+    fsdp_tp_scan, small enough to compile in seconds (the tuner's tests use it)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    n = len(devices)
+    hosts = max(n // 8, 1)
+    mesh = _mesh(devices, (hosts, n // hosts), ("data", "model"))
+    layers, dim, ff, batch, seq = 6, 2048, 8192, 16, 256
+    f32 = jnp.float32
+    shapes = {"w1": ((layers, dim, ff), f32), "w2": ((layers, ff, dim), f32)}
+    specs = {"w1": P(None, "data", "model"), "w2": P(None, "model", "data")}
+    x_spec = P("data", None, None)
+
+    def block(x: Any, p: Any) -> Any:
+        w1 = jax.lax.all_gather(p["w1"], "data", axis=0, tiled=True)
+        w2 = jax.lax.all_gather(p["w2"], "data", axis=1, tiled=True)
+        return x + jax.lax.psum(jax.nn.gelu(x @ w1) @ w2, "model"), None
+
+    def local_loss(params: Any, x: Any) -> Any:
+        x, _ = jax.lax.scan(block, x, params)
+        return jax.lax.psum(jnp.mean(x * x), "data") / hosts
+
+    loss = jax.shard_map(local_loss, mesh=mesh, in_specs=(specs, x_spec), out_specs=P())
+    fn = jax.jit(_sgd_step(loss), donate_argnums=0)
+    x = _abstract(mesh, ((batch, seq, dim), f32), x_spec)
+    return fn, (_abstract(mesh, shapes, specs), x)
+
+
+def fsdp_chain(devices: Sequence[Any]) -> Built:
+    """A dependency chain: one combined FSDP all-gather of every layer's weight feeds
+    layer 0, and the one reduce-scatter of the gradient needs the last backward layer.
+    No collective has independent work to hide behind."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    n = len(devices)
+    mesh = _mesh(devices, (n,), ("fsdp",))
+    layers, dim, batch = 4, 2048, 256 * n
+    f32 = jnp.float32
+
+    def local_loss(w: Any, x: Any) -> Any:
+        full = jax.lax.all_gather(w, "fsdp", axis=1, tiled=True)  # [layers, dim, dim]
+        for i in range(layers):
+            x = jnp.tanh(x @ full[i])
+        return jax.lax.psum(jnp.mean(x * x), "fsdp") / n
+
+    w_spec, x_spec = P(None, "fsdp", None), P("fsdp", None)
+    loss = jax.shard_map(local_loss, mesh=mesh, in_specs=(w_spec, x_spec), out_specs=P())
+    fn = jax.jit(_sgd_step(loss), donate_argnums=0)
+    w = _abstract(mesh, ((layers, dim, dim), f32), w_spec)
+    return fn, (w, _abstract(mesh, ((batch, dim), f32), x_spec))
+
+
 PROGRAMS: dict[str, Program] = {
     p.name: p
     for p in (
@@ -414,6 +533,19 @@ PROGRAMS: dict[str, Program] = {
         Program(
             "large_transformer", large_transformer, description=large_transformer.__doc__ or ""
         ),
+        Program(
+            "fsdp_tp_scan",
+            fsdp_tp_scan,
+            num_devices=32,
+            description=fsdp_tp_scan.__doc__ or "",
+        ),
+        Program(
+            "fsdp_tp_mlp_scan",
+            fsdp_tp_mlp_scan,
+            num_devices=16,
+            description=fsdp_tp_mlp_scan.__doc__ or "",
+        ),
+        Program("fsdp_chain", fsdp_chain, description=fsdp_chain.__doc__ or ""),
     )
 }
 DEFAULT_PROGRAM = "transformer_step"
