@@ -66,7 +66,7 @@ def _asyncify_computation(module: Module, comp: Computation, used: set[str]) -> 
                 module,
                 inst,
                 inst.opcode,
-                [o.shape_text for o in inst.operands],
+                inst.operand_shape_texts,
                 inst.shape_text,
                 "host",
             ),
@@ -117,7 +117,7 @@ def _first_users(comp: Computation, names: set[str], position: dict[str, int]) -
 
 def _split(comp: Computation, c: Instruction, used: set[str]) -> tuple[Instruction, Instruction]:
     kind = c.opcode
-    operand_shapes = [o.shape_text for o in c.operands]
+    operand_shapes = c.operand_shape_texts
     ins = operand_shapes[0] if len(operand_shapes) == 1 else f"({', '.join(operand_shapes)})"
     if COLLECTIVE_KINDS[kind].async_form == "wrapped":  # the wrapper's ((operands), result)
         start_shape = f"(({', '.join(operand_shapes)}), {c.shape_text})"

@@ -330,7 +330,7 @@ def _pair(
         sync=sync,
         pipelined=pipelined,
         groups=device_groups(module, op, kind),
-        bytes=max(sum(o.shape.byte_size for o in start.operands), done.shape.byte_size),
+        bytes=max(sum(s.byte_size for s in start.operand_shapes), done.shape.byte_size),
         start_line=start.line,
         lane=model.lane(sync=sync, pipelined=pipelined),
         annotation=_annotation(start),

@@ -98,7 +98,7 @@ def leaves(shape_text: str) -> list[Leaf]:
 
 
 @dataclass(frozen=True)
-class CollectiveSpec:
+class RuntimeCall:
     """What the runtime needs to know about a collective besides its groups."""
 
     kind: str
@@ -116,7 +116,7 @@ def plan_collective(
     operand_shapes: list[str],
     result_shape: str,
     backend: Backend,
-) -> CollectiveSpec | str:
+) -> RuntimeCall | str:
     """The runtime's view of collective ``op`` or, if it cannot run it, the reason."""
     if kind not in KINDS:
         return f"the runtime does not implement {kind}"
@@ -166,7 +166,7 @@ def plan_collective(
         if backend == "cuda" and any(n != 1 for n in outer):
             return f"dimension {dimension} is not the most major one (NCCL needs contiguous blocks)"
     channel = op.attribute("channel_id")
-    return CollectiveSpec(kind, dtype, reduction, dimension, outer, int(channel or 0))
+    return RuntimeCall(kind, dtype, reduction, dimension, outer, int(channel or 0))
 
 
 def reduction_of(module: Module, op: Instruction) -> str | None:
@@ -277,7 +277,8 @@ def lower_to_ffi(
             log.info(message)
             continue
         spec, chain = plan
-        operands = [f"%{n}" for n in start.operand_names]
+        # %t#1 (jax >= 0.11 dumps) stays an element of %t: XLA reads it back so.
+        operands = [f"%{n}" + "".join(f"#{i}" for i in path) for n, path in start.operand_refs]
         if backend == "host":
             if comp.name not in logical_ids:
                 logical_ids[comp.name] = _insert_logical_ids(comp, start, used)
@@ -344,7 +345,7 @@ def _plan_pair(
     kind: str,
     backend: Backend,
     users: dict[str, list[str]],
-) -> tuple[CollectiveSpec, list[Instruction]] | str:
+) -> tuple[RuntimeCall, list[Instruction]] | str:
     if start.opcode == "async-start":
         calls = start.attribute("calls")
         callee = module.computation(calls.lstrip("%")) if calls else None
@@ -367,7 +368,7 @@ def _plan_pair(
             if user not in expected:
                 return f"'%{user}' uses the start's result"
     try:
-        operand_shapes = [o.shape_text for o in start.operands]
+        operand_shapes = start.operand_shape_texts
     except Exception as e:  # an operand defined elsewhere: malformed input
         return str(e)
     plan = plan_collective(module, op, kind, operand_shapes, done.shape_text, backend)

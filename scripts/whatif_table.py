@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
 """Print the README's what-if table: predicted step time of every fixture for
-K = 1, 2, 4, 8 collective streams and the lower bound, per policy.
+K = 1, 2, 4, 8 collective streams and the two bounds, per policy.
+
+The fixtures come from jax 0.12, whose sync collectives run on the compute
+stream: the stream model says so (``sync_on_compute``). The lower bound gives
+every collective a stream of its own and ignores the deadlock rule; the rule
+bound keeps what the rule ties together on one stream.
 
     python scripts/whatif_table.py                     # every hlo_fixtures/*.hlo, H100
     python scripts/whatif_table.py --target a100 some.hlo other.hlo
@@ -21,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 # Use this checkout's xla_streams even if another copy is installed.
 sys.path.insert(0, str(REPO))
 
-from xla_streams.collectives import POLICIES  # noqa: E402
+from xla_streams.collectives import POLICIES, StreamModel  # noqa: E402
 from xla_streams.hlo import parse_module  # noqa: E402
 from xla_streams.simulate import TARGETS, get_target, what_if  # noqa: E402
 from xla_streams.simulate.simulator import WhatIf  # noqa: E402
@@ -36,7 +41,8 @@ def fixtures() -> list[Path]:
 
 def predict(path: Path, target: str = "h100") -> WhatIf:
     module = parse_module(path.read_text(encoding="utf-8"), str(path))
-    return what_if(module, get_target(target), STREAMS, POLICIES)
+    model = StreamModel(sync_on_compute=True)
+    return what_if(module, get_target(target), STREAMS, POLICIES, model=model)
 
 
 def rows(name: str, what: WhatIf) -> list[list[str]]:
@@ -46,21 +52,21 @@ def rows(name: str, what: WhatIf) -> list[list[str]]:
         text = f"{seconds * 1e3:.3f}"
         return f"{text} ({base / seconds:.2f}x)" if speedup and seconds > 0 else text
 
-    lower = cell(what.lower_bound.step_time, True)
+    bounds = [cell(what.rule_bound.step_time, True), cell(what.lower_bound.step_time, True)]
     by_policy = {
         p: [cell(what.results[(k, p)].step_time, k != STREAMS[0]) for k in STREAMS]
         for p in what.policies
     }
     if all(v == by_policy[what.policies[0]] for v in by_policy.values()):
-        return [[name, *by_policy[what.policies[0]], lower, " = ".join(what.policies)]]
-    return [[name, *cells, lower, p] for p, cells in by_policy.items()]
+        return [[name, *by_policy[what.policies[0]], *bounds, " = ".join(what.policies)]]
+    return [[name, *cells, *bounds, p] for p, cells in by_policy.items()]
 
 
 def table(paths: Sequence[Path], target: str = "h100") -> str:
-    header = ["module", *(f"K={k}" for k in STREAMS), "lower bound", "policy"]
+    header = ["module", *(f"K={k}" for k in STREAMS), "rule bound", "lower bound", "policy"]
     lines = [
         "| " + " | ".join(header) + " |",
-        "|" + "|".join(["---"] + ["---:"] * (len(STREAMS) + 1) + ["---"]) + "|",
+        "|" + "|".join(["---"] + ["---:"] * (len(STREAMS) + 2) + ["---"]) + "|",
     ]
     for path in paths:
         name = path.name.removesuffix(".hlo")

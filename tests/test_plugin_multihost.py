@@ -105,6 +105,7 @@ def test_two_processes_write_identical_reports(tmp_path: Path) -> None:
         assert "fixture annotated: True failed: 0" in out, out + err
 
     first, second = tmp_path / "reports_0", tmp_path / "reports_1"
+
     def listed(folder: Path) -> list[str]:
         return sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
 

@@ -1078,6 +1078,9 @@ def test_readme_table_generator_runs(capsys: pytest.CaptureFixture[str]) -> None
     assert script.main([]) == 0
     out = capsys.readouterr().out
     table = [line for line in out.splitlines() if line.startswith("|")]
-    assert table[0] == "| module | K=1 | K=2 | K=4 | K=8 | lower bound | policy |"
+    assert table[0] == "| module | K=1 | K=2 | K=4 | K=8 | rule bound | lower bound | policy |"
+    for line in table[2:]:
+        k1, *_, rule, lower, _ = (cell.split(" (")[0] for cell in line.split("|")[2:-1])
+        assert float(lower) <= float(rule) * (1 + 1e-9) <= float(k1) * (1 + 1e-9), line
     names = {line.split("|")[1].strip() for line in table[2:]}
     assert names == {p.name.removesuffix(".hlo") for p in FIXTURES}

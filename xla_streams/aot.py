@@ -20,8 +20,10 @@ from typing import Any
 
 from xla_streams import jax_compat
 
-TARGETS: dict[str, str] = {
+# GpuTargetConfigProto text of each GPU we compile for without one (xla_streams/targets/).
+GPU_CONFIGS: dict[str, str] = {
     "h100": "h100_sxm.txtpb",
+    "h200": "h200_sxm.txtpb",
     "a100": "a100_sxm_40.txtpb",
 }
 
@@ -48,11 +50,11 @@ class CompiledModule:
 
 
 def target_config(target: str = "h100") -> str:
-    """The GpuTargetConfigProto text for `target` ("h100" or "a100")."""
+    """The GpuTargetConfigProto text for `target` (a key of GPU_CONFIGS)."""
     try:
-        name = TARGETS[target]
+        name = GPU_CONFIGS[target]
     except KeyError:
-        raise ValueError(f"unknown GPU target {target!r}; known: {sorted(TARGETS)}") from None
+        raise ValueError(f"unknown GPU target {target!r}; known: {sorted(GPU_CONFIGS)}") from None
     return (importlib.resources.files("xla_streams") / "targets" / name).read_text()
 
 

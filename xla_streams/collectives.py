@@ -290,28 +290,28 @@ def _to_device_ids(
     op: Instruction, groups: Groups, mode: str, replicas: int, partitions: int
 ) -> Groups:
     total = replicas * partitions
-    if mode == "global":
-        result = groups or (tuple(range(total)),)
-    elif mode == "partition":
-        groups = groups or (tuple(range(partitions)),)
-        result = tuple(
-            tuple(r * partitions + p for p in g) for r in range(replicas) for g in groups
-        )
-    elif mode == "replica":
-        groups = groups or (tuple(range(replicas)),)
-        result = tuple(
-            tuple(r * partitions + p for r in g) for p in range(partitions) for g in groups
-        )
-    else:  # replica-and-partition: every partition of the grouped replicas
-        groups = groups or (tuple(range(replicas)),)
-        result = tuple(
-            tuple(r * partitions + p for r in g for p in range(partitions)) for g in groups
-        )
-    for group in result:
+    # The ids are checked against their own range before any list is built: a
+    # few bytes of text may name a huge grid.
+    limit, noun = {"global": (total, "devices"), "partition": (partitions, "partitions")}.get(
+        mode, (replicas, "replicas")
+    )
+    for group in groups:
         for device in group:
-            if not 0 <= device < total:
+            if not 0 <= device < limit:
                 raise op.error(
-                    f"device {device} is outside the module's {total} devices "
+                    f"device {device} is outside the module's {limit} {noun} "
                     f"(replica_count={replicas}, num_partitions={partitions})"
                 )
-    return result
+    if mode == "global":
+        return groups or (tuple(range(total)),)
+    if mode == "partition":
+        groups = groups or (tuple(range(partitions)),)
+        return tuple(tuple(r * partitions + p for p in g) for r in range(replicas) for g in groups)
+    if mode == "replica":
+        groups = groups or (tuple(range(replicas)),)
+        return tuple(
+            tuple(r * partitions + p for r in g) for p in range(partitions) for g in groups
+        )
+    # replica-and-partition: every partition of the grouped replicas
+    groups = groups or (tuple(range(replicas)),)
+    return tuple(tuple(r * partitions + p for r in g for p in range(partitions)) for g in groups)

@@ -53,8 +53,8 @@ class CliArgs(Protocol):
     def uses_stdout(self, *names: str) -> bool: ...
 
 
-class UsageError(ValueError):
-    """A bad flag value."""
+class FlagListError(ValueError):
+    """A --streams or --policy list that cannot be used."""
 
 
 @dataclass
@@ -81,12 +81,12 @@ def parse_streams(text: str | Sequence[int | str]) -> tuple[int, ...]:
         try:
             k = int(item)
         except ValueError:
-            raise UsageError(f"--streams: '{item}' is not an integer") from None
+            raise FlagListError(f"--streams: '{item}' is not an integer") from None
         if not 1 <= k <= MAX_STREAMS:
-            raise UsageError(f"--streams: {k} is outside 1..{MAX_STREAMS}")
+            raise FlagListError(f"--streams: {k} is outside 1..{MAX_STREAMS}")
         values.append(k)
     if not values:
-        raise UsageError("--streams: give at least one stream count, e.g. 1,2,4,8")
+        raise FlagListError("--streams: give at least one stream count, e.g. 1,2,4,8")
     return tuple(sorted(set(values)))
 
 
@@ -100,11 +100,11 @@ def parse_policies(text: str | Sequence[str]) -> tuple[Policy, ...]:
             continue
         policy = next((p for p in POLICIES if p == item), None)
         if policy is None:
-            raise UsageError(f"--policy: '{item}' is not one of {', '.join(POLICIES)}")
+            raise FlagListError(f"--policy: '{item}' is not one of {', '.join(POLICIES)}")
         if policy not in result:
             result.append(policy)
     if not result:
-        raise UsageError(f"--policy: give at least one of {', '.join(POLICIES)}")
+        raise FlagListError(f"--policy: give at least one of {', '.join(POLICIES)}")
     return tuple(result)
 
 
@@ -182,10 +182,7 @@ def format_what_if(what: WhatIf) -> str:
         busy.append(row)
     lines.append("busy time of collective streams 0..K-1 (ms):")
     lines.extend(_aligned(busy))
-    for bound, how in (
-        (what.rule_bound, "each group the deadlock rule ties on a stream of its own"),
-        (what.lower_bound, "every collective on a stream of its own"),
-    ):
+    for bound, how in what.bounds():
         lines.append(
             f"{bound.label}: {bound.step_time * 1e3:.4f} ms "
             f"({bound.exposed_communication * 1e3:.4f} ms, {_ratio(base, bound.step_time)}): "
@@ -285,7 +282,7 @@ def run_cli(args: CliArgs) -> int:
         target = resolve_target(
             args.flag("target"), args.flag("target-file"), args.flag("calibration")
         )
-    except (UsageError, TargetError, CalibrationError) as e:
+    except (FlagListError, TargetError, CalibrationError) as e:
         raise flags.IllegalFlagValueError(str(e)) from None
     model = stream_model(args.flag)
     path, text = args.input()
@@ -355,7 +352,7 @@ def simulate_command(
         atomic_write_many(
             [(d, c) for d, c in ((trace, result.trace), (html, result.html)) if d and c is not None]
         )
-    except (OSError, HloError, TargetError, CalibrationError, UsageError) as e:
+    except (OSError, HloError, TargetError, CalibrationError, FlagListError) as e:
         print(f"xla-streams simulate: {e}", file=err)
         return 2
     out.write(result.table)

@@ -170,10 +170,7 @@ class CostModel:
         return OpCost(seconds * target.time_ratio("memory"), "memory", 0.0, nbytes)
 
     def _bytes(self, inst: Instruction) -> int:
-        total = inst.shape.byte_size
-        for operand in inst.operands:
-            total += operand.shape.byte_size
-        return total
+        return inst.shape.byte_size + sum(shape.byte_size for shape in inst.operand_shapes)
 
     def _called_flops(self, inst: Instruction, key: str) -> tuple[float, str]:
         if key == "calls":
@@ -216,10 +213,10 @@ class CostModel:
         return result
 
     def _matmul_flops(self, inst: Instruction) -> tuple[float, str]:
-        operands = inst.operands
+        operands = inst.operand_shapes
         if len(operands) < 2:
             return 0.0, ""
-        lhs, rhs = operands[0].shape, operands[1].shape
+        lhs, rhs = operands[0], operands[1]
         out = _first_array(inst.shape)
         element_type = lhs.element_type or ""
         if inst.opcode == "dot":
@@ -234,10 +231,10 @@ class CostModel:
         target = m.group(1) if m else raw
         if not target.startswith(GEMM_CUSTOM_CALL_PREFIXES):
             return 0.0, ""
-        operands = inst.operands
+        operands = inst.operand_shapes
         if len(operands) < 2:
             return 0.0, ""
-        lhs, rhs = operands[0].shape, operands[1].shape
+        lhs, rhs = operands[0], operands[1]
         out = _first_array(inst.shape)
         element_type = lhs.element_type or ""
         if "conv" in target:

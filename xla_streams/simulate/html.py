@@ -407,10 +407,7 @@ def _what_if_table(what: WhatIf, best: SimResult) -> str:
             )
         rows.append("<tr>" + "".join(cells) + "</tr>")
     span = 4 * len(what.policies)
-    for bound, how in (
-        (what.rule_bound, "each group of pairs the deadlock rule ties on a stream of its own"),
-        (what.lower_bound, "every collective on a stream of its own"),
-    ):
+    for bound, how in what.bounds():
         rows.append(
             f'<tr class="lb"><td class="l">{html.escape(bound.label)}</td>'
             f'<td colspan="{span}" class="l">{_ms(bound.step_time)} (exposed '

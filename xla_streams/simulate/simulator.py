@@ -450,7 +450,7 @@ class Simulator:
 
     def _add_spec(self, inst: Instruction, kind: str) -> int:
         groups = device_groups(self.module, inst, kind)
-        size = max(sum(o.shape.byte_size for o in inst.operands), inst.shape.byte_size)
+        size = max(sum(s.byte_size for s in inst.operand_shapes), inst.shape.byte_size)
         self.specs.append(
             CollectiveSpec(inst.name, kind, size, collective_cost(kind, groups, size, self.target))
         )
@@ -863,6 +863,13 @@ class WhatIf:
     def non_monotone(self) -> list[str]:
         """Why a larger K is predicted slower than a smaller one, where it is."""
         return list(self.explanations.values())
+
+    def bounds(self) -> list[tuple[SimResult, str]]:
+        """The two bounds, each with what it assumes."""
+        return [
+            (self.rule_bound, "each group of pairs the deadlock rule ties on a stream of its own"),
+            (self.lower_bound, "every collective on a stream of its own"),
+        ]
 
 
 def what_if(
