@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from xla_streams.collectives import KINDS as COLLECTIVE_KINDS
 from xla_streams.hlo import Computation, Instruction, Module
-from xla_streams.passes.lower_to_ffi import KINDS, plan_collective, unique_name
+from xla_streams.passes.lower_to_ffi import KINDS, plan_collective
 from xla_streams.pipeline import Compilation, Fact, ModulePass, register
 
 _STALE = frozenset(
@@ -49,14 +49,13 @@ class Asyncify(ModulePass):
 
 def asyncify(module: Module) -> list[str]:
     """Split every collective the host runtime can run; returns the names split."""
-    used = {inst.name for inst in module.instructions()}
     split: list[str] = []
     for comp in module.computations:
-        split.extend(_asyncify_computation(module, comp, used))
+        split.extend(_asyncify_computation(module, comp))
     return split
 
 
-def _asyncify_computation(module: Module, comp: Computation, used: set[str]) -> list[str]:
+def _asyncify_computation(module: Module, comp: Computation) -> list[str]:
     candidates = [
         inst
         for inst in comp.instructions
@@ -81,7 +80,7 @@ def _asyncify_computation(module: Module, comp: Computation, used: set[str]) -> 
     dones_before: dict[int, list[Instruction]] = {}
     starts: dict[str, Instruction] = {}
     for c in candidates:
-        start, done = _split(comp, c, used)
+        start, done = _split(comp, c)
         starts[c.name] = start
         at = first_user.get(c.name, end if c.is_root else position[c.name] + 1)
         dones_before.setdefault(at, []).append(done)
@@ -90,12 +89,7 @@ def _asyncify_computation(module: Module, comp: Computation, used: set[str]) -> 
         schedule.extend(dones_before.get(i, []))
         schedule.append(starts.get(inst.name, inst))
     schedule.extend(dones_before.get(end, []))
-    comp.instructions[:] = schedule
-    for start in starts.values():
-        comp._by_name[start.name] = start
-    for dones in dones_before.values():
-        for done in dones:
-            comp._by_name[done.name] = done
+    comp.reschedule(schedule)
     return [c.name for c in candidates]
 
 
@@ -115,7 +109,7 @@ def _first_users(comp: Computation, names: set[str], position: dict[str, int]) -
     return first
 
 
-def _split(comp: Computation, c: Instruction, used: set[str]) -> tuple[Instruction, Instruction]:
+def _split(comp: Computation, c: Instruction) -> tuple[Instruction, Instruction]:
     kind = c.opcode
     operand_shapes = c.operand_shape_texts
     ins = operand_shapes[0] if len(operand_shapes) == 1 else f"({', '.join(operand_shapes)})"
@@ -125,7 +119,7 @@ def _split(comp: Computation, c: Instruction, used: set[str]) -> tuple[Instructi
         start_shape = c.shape_text
     else:  # all-gather, collective-permute: (operand, result)
         start_shape = f"({ins}, {c.shape_text})"
-    start_name = unique_name(f"{c.name}-start", used)
+    start_name = comp.module.unique_name(f"{c.name}-start")
     start = Instruction.create(
         comp, start_name, start_shape, f"{kind}-start", c.operands_text, dict(c.attributes)
     )

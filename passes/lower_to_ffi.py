@@ -255,7 +255,6 @@ def lower_to_ffi(
         raise PipelineError(
             f"lower-to-ffi: devices lists {len(devices)} ids but the module has {total} devices"
         )
-    used = {inst.name for inst in module.instructions()}
     logical_ids: dict[str, tuple[str, str]] = {}  # computation -> (replica-id, partition-id)
     users_of: dict[str, dict[str, list[str]]] = {}
     lowered = []
@@ -268,7 +267,7 @@ def lower_to_ffi(
         start, done = comp.get(pair.start), comp.get(pair.done)
         assert start is not None and done is not None
         if comp.name not in users_of:
-            users_of[comp.name] = users_by_name(comp)
+            users_of[comp.name] = comp.users()
         plan = _plan_pair(module, comp, start, done, pair.kind, backend, users_of[comp.name])
         if isinstance(plan, str):
             message = f"lower-to-ffi: {pair.kind} '%{pair.start}' stays with XLA: {plan}"
@@ -281,7 +280,7 @@ def lower_to_ffi(
         operands = [f"%{n}" + "".join(f"#{i}" for i in path) for n, path in start.operand_refs]
         if backend == "host":
             if comp.name not in logical_ids:
-                logical_ids[comp.name] = _insert_logical_ids(comp, start, used)
+                logical_ids[comp.name] = _insert_logical_ids(comp, start)
             extra = [f"%{n}" for n in logical_ids[comp.name]]
         else:
             extra = []
@@ -330,9 +329,9 @@ def lower_to_ffi(
             is_root=done.is_root,
         )
         for link in chain:
-            _remove(comp, link)
-        _replace(comp, start, new_start)
-        _replace(comp, done, new_done)
+            comp.remove(link)
+        comp.replace(start, new_start)
+        comp.replace(done, new_done)
         lowered.append(start.name)
     return lowered
 
@@ -377,15 +376,6 @@ def _plan_pair(
     return plan, chain
 
 
-def users_by_name(comp: Computation) -> dict[str, list[str]]:
-    """Names of the instructions that take each instruction as an operand."""
-    users: dict[str, list[str]] = {}
-    for inst in comp.instructions:
-        for name in inst.operand_names:
-            users.setdefault(name, []).append(inst.name)
-    return users
-
-
 def _custom_call_attributes(source: Instruction, target: str, config: str) -> dict[str, str]:
     attributes = {
         "custom_call_target": f'"{target}"',
@@ -408,37 +398,15 @@ def _aliasing(shape_text: str) -> str:
     return "{" + ", ".join(f"{{{i}}}: (0, {{{i}}})" for i in range(count)) + "}"
 
 
-def _insert_logical_ids(comp: Computation, before: Instruction, used: set[str]) -> tuple[str, str]:
+def _insert_logical_ids(comp: Computation, before: Instruction) -> tuple[str, str]:
     names = []
     index = comp.instructions.index(before)
     for base, opcode in (
         ("xla_streams.replica_id", "replica-id"),
         ("xla_streams.partition_id", "partition-id"),
     ):
-        name = unique_name(base, used)
-        inst = Instruction.create(comp, name, "u32[]", opcode, "", {})
-        comp.instructions.insert(index, inst)
-        comp._by_name[name] = inst
+        name = comp.module.unique_name(base)
+        comp.insert(index, Instruction.create(comp, name, "u32[]", opcode, "", {}))
         index += 1
         names.append(name)
     return names[0], names[1]
-
-
-def unique_name(base: str, used: set[str]) -> str:
-    """``base`` or ``base.N``, not in ``used`` (HLO names are unique per module); adds it."""
-    name, n = base, 0
-    while name in used:
-        n += 1
-        name = f"{base}.{n}"
-    used.add(name)
-    return name
-
-
-def _replace(comp: Computation, old: Instruction, new: Instruction) -> None:
-    comp.instructions[comp.instructions.index(old)] = new
-    comp._by_name[new.name] = new
-
-
-def _remove(comp: Computation, inst: Instruction) -> None:
-    comp.instructions.remove(inst)
-    comp._by_name.pop(inst.name, None)

@@ -393,6 +393,38 @@ class Computation:
         self.instructions.append(inst)
         self._by_name[inst.name] = inst
 
+    # -- editing (the only way passes change a computation) ------------------------
+
+    def insert(self, index: int, inst: Instruction) -> None:
+        """Schedule ``inst`` (made by ``Instruction.create``) at position ``index``."""
+        self.instructions.insert(index, inst)
+        self._by_name[inst.name] = inst
+
+    def replace(self, old: Instruction, new: Instruction) -> None:
+        """Put ``new`` where ``old`` is scheduled; ``old`` goes."""
+        self.instructions[self.instructions.index(old)] = new
+        if old.name != new.name:
+            self._by_name.pop(old.name, None)
+        self._by_name[new.name] = new
+
+    def remove(self, inst: Instruction) -> None:
+        self.instructions.remove(inst)
+        self._by_name.pop(inst.name, None)
+
+    def reschedule(self, instructions: list[Instruction]) -> None:
+        """Make ``instructions`` the computation's schedule: its own, reordered, with
+        new ones (``Instruction.create``) among them."""
+        self.instructions[:] = instructions
+        self._by_name = {inst.name: inst for inst in instructions}
+
+    def users(self) -> dict[str, list[str]]:
+        """Names of the instructions that take each instruction as an operand."""
+        found: dict[str, list[str]] = {}
+        for inst in self.instructions:
+            for name in inst.operand_names:
+                found.setdefault(name, []).append(inst.name)
+        return found
+
     def _print(self, out: list[str]) -> None:
         out.append(self.header)
         if not self._trivia:
@@ -418,6 +450,7 @@ class Module:
         self._items: list[str | Computation] = []
         self._header_attributes: dict[str, str] | None = None
         self._device_counts = (1, 1)  # (replica_count, num_partitions), checked
+        self._reserved: set[str] | None = None  # instruction names, once unique_name asks
 
     def __repr__(self) -> str:
         return f"<Module {self.name}: {len(self.computations)} computations>"
@@ -428,6 +461,18 @@ class Module:
             if comp.is_entry:
                 return comp
         raise HloError("module has no ENTRY computation", path=self.path, line=1, column=1)
+
+    def unique_name(self, base: str) -> str:
+        """``base``, or ``base.N`` for the first N no instruction of the module has (HLO
+        names are unique per module); reserved, so the next call gives another."""
+        if self._reserved is None:
+            self._reserved = {i.name for comp in self.computations for i in comp.instructions}
+        name, n = base, 0
+        while name in self._reserved:
+            n += 1
+            name = f"{base}.{n}"
+        self._reserved.add(name)
+        return name
 
     def computation(self, name: str) -> Computation | None:
         return self._computations_by_name.get(name)
