@@ -7,6 +7,7 @@ XLA's own parser accepting what `assign` writes, and no JAX import.
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import re
@@ -477,3 +478,45 @@ def test_demo_listed_even_without_its_module() -> None:
     assert "demo" in cli.COMMANDS
     if not (REPO / "xla_streams" / "demo.py").exists():
         assert_user_error(xla_streams("demo"), "demo")
+
+
+# -- the wrong input, named --------------------------------------------------------------
+
+WRONG_INPUTS = [
+    # f.lower(...).as_text(dialect="hlo"): XLA's parser reads it, but nothing is scheduled.
+    ("unoptimized.hlo", TIED.replace(", is_scheduled=true", ""),
+     "1:1: error: this module is not scheduled", "compile().as_text()"),
+    # f.lower(...).as_text(): StableHLO.
+    ("stablehlo.mlir", 'module @jit_f attributes {mhlo.num_partitions = 1 : i32} {\n}\n',
+     "1:1: error: expected 'HloModule <name>': this is StableHLO", "compile().as_text()"),
+    # A misspelled group attribute would silently turn the groups into replica groups.
+    ("typo.hlo", TIED.replace("channel_id=1,", "chanel_id=1,"),
+     "11:",  "unknown attribute 'chanel_id': did you mean 'channel_id'?"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "text", "where", "what"), WRONG_INPUTS, ids=lambda v: str(v)[:12])
+def test_the_wrong_input_is_named_with_what_to_give_instead(
+    tmp_path: Path, name: str, text: str, where: str, what: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    assert_user_error(xla_streams("report", path), f"{path}:{where}", what)
+
+
+def test_binary_input_is_named(tmp_path: Path) -> None:
+    gz = tmp_path / "step.hlo.gz"
+    gz.write_bytes(gzip.compress(TIED.encode()))
+    assert_user_error(xla_streams("report", gz), "is not HLO text (gzip-compressed data", "gunzip")
+
+
+def test_negations_are_accepted_as_people_type_them() -> None:
+    result = xla_streams("simulate", TP_DP, "--streams=1,2", "--no-progress")
+    assert result.returncode == 0, err(result)
+    assert_user_error(xla_streams("simulate", TP_DP, "--no-such-flag"), "no-such-flag")
+
+
+def test_version() -> None:
+    for argv in (["--version"], ["version"]):
+        result = xla_streams(*argv)
+        assert result.returncode == 0 and result.stdout.decode().startswith("xla-streams 0.")

@@ -474,6 +474,8 @@ def test_unmodified_script_gets_the_plugin_from_the_environment(tmp_path: Path) 
         in on.stderr
     )
     assert "module jit_step: 0 async pairs, 5 synchronous collectives; report" in on.stderr
+    assert "XLA:CPU runs collectives synchronously" in on.stderr  # and what to do about it
+    assert on.stderr.count("XLA:CPU runs collectives synchronously") == 1
     (step,) = reports.glob("jit_step.*.json")
     assert json.loads(step.read_text())["schema"] == "xla_streams.assignment.v2"
     assert "XLA_STREAMS_MODE=ffi runs them on streams" in step.with_suffix(".txt").read_text()
@@ -540,6 +542,7 @@ def test_bad_values_stop_the_program_at_start_up(
     )
     assert result.returncode != 0
     assert "REACHED" not in result.stdout and "CAUGHT" not in result.stdout
+    assert result.stderr.count(expected) == 1, result.stderr  # said once
     assert f"xla_streams: {expected}" in result.stderr
     assert not dump.exists()  # nothing was compiled
 
@@ -743,3 +746,16 @@ def test_a_tune_file_sets_k_the_policy_and_xla_options(tmp_path: Path) -> None:
     result = run_python([str(script)], tmp_path, {"XLA_STREAMS_CONFIG": str(tune)})
     assert result.returncode != 0
     assert "XLA_STREAMS_CONFIG" in result.stderr and "best.streams" in result.stderr
+
+
+@pytest.mark.parametrize(("level", "shown"), [("warning", False), ("info", True)])
+def test_log_level_decides_what_the_plugin_prints(tmp_path: Path, level: str, shown: bool) -> None:
+    script = tmp_path / "quiet.py"
+    script.write_text(TUNED_SCRIPT)
+    result = run_python(
+        [str(script)], tmp_path,
+        {"XLA_STREAMS_COLLECTIVE_STREAMS": "2", "XLA_STREAMS_LOG": level,
+         "XLA_STREAMS_REPORT_DIR": str(tmp_path / "reports")},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert ("xla_streams: on (2 collective streams" in result.stderr) == shown, result.stderr

@@ -1084,3 +1084,11 @@ def test_readme_table_generator_runs(capsys: pytest.CaptureFixture[str]) -> None
         assert float(lower) <= float(rule) * (1 + 1e-9) <= float(k1) * (1 + 1e-9), line
     names = {line.split("|")[1].strip() for line in table[2:]}
     assert names == {p.name.removesuffix(".hlo") for p in FIXTURES}
+
+
+def test_the_description_follows_an_overridden_host_size() -> None:
+    from xla_streams.simulate.targets import get_target, target_with_overrides
+
+    h100 = get_target("h100")
+    assert h100.description == "NVIDIA H100 SXM5 80GB, 8 GPUs per host"
+    assert "4 GPUs per host" in target_with_overrides(h100, {"devices_per_host": 4}).description

@@ -12,6 +12,7 @@ stream. ``verify-streams`` checks it independently of how the assignment was mad
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -248,6 +249,7 @@ def device_groups(module: Module, op: Instruction, kind: str) -> Groups:
     with one they are partitions, or with ``use_global_device_ids`` global ids.
     Permutes and send/recv give each source/target pair as a group.
     """
+    _check_spelling(op)
     replicas, partitions = module.replica_count, module.num_partitions
     has_channel = op.attribute("channel_id") is not None
     if KINDS[kind].groups == "pairs":
@@ -271,6 +273,22 @@ def device_groups(module: Module, op: Instruction, kind: str) -> Groups:
         else:
             mode = "partition"
     return _to_device_ids(op, groups, mode, replicas, partitions)
+
+
+# The attributes that decide a collective's devices: a misspelled one would silently
+# change the group mode (no channel_id: replica groups), so a near miss is an error.
+_GROUP_ATTRIBUTES = ("channel_id", "replica_groups", "use_global_device_ids", "source_target_pairs")
+
+
+def _check_spelling(op: Instruction) -> None:
+    for key in op.attributes:
+        if key in _GROUP_ATTRIBUTES:
+            continue
+        close = difflib.get_close_matches(key, _GROUP_ATTRIBUTES, n=1, cutoff=0.8)
+        if close and op.attribute(close[0]) is None:
+            raise op.error_at_attribute(
+                key, -len(key) - 1, f"unknown attribute '{key}': did you mean '{close[0]}'?"
+            )
 
 
 def _send_recv_pairs(op: Instruction) -> tuple[tuple[int, int], ...] | None:

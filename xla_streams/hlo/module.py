@@ -539,7 +539,14 @@ def parse_module(text: str, path: str = "<string>") -> Module:
     header = lines[first]
     module.name = header[len("HloModule ") :].split(",", 1)[0].strip(WHITESPACE)
     if not header.startswith(("HloModule ", "HloModule\t")) or not module.name:
-        raise _line_error(module, first + 1, 0, "expected 'HloModule <name>'")
+        message = "expected 'HloModule <name>'"
+        if header.startswith(("module @", "module {", "func.func", "#loc")):
+            message += (
+                ": this is StableHLO (MLIR), as f.lower(...).as_text() prints it; give the "
+                "compiled module's HLO text: f.lower(...).compile().as_text(), or the "
+                "*after_optimizations.txt file of an --xla_dump_to dump"
+            )
+        raise _line_error(module, first + 1, 0, message)
     module._items.append(header)
     module.header_line = first + 1
     module.header_attributes  # noqa: B018 - validate the header eagerly

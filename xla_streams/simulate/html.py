@@ -15,6 +15,7 @@ import math
 from collections.abc import Sequence
 
 from xla_streams.collectives import KINDS
+from xla_streams.report import format_groups
 from xla_streams.simulate.simulator import SimResult, Slice, WhatIf, lane_name, runs_on
 from xla_streams.simulate.trace import lanes_of
 
@@ -434,8 +435,7 @@ def _assignment_table(what: WhatIf) -> str:
     for i, pair in enumerate(what.pairs[:MAX_ASSIGNMENT_ROWS]):
         cost = what.specs[i].cost
         groups = pair.groups
-        sizes = sorted({len(g) for g in groups})
-        group_text = f"{len(groups)} x {'/'.join(map(str, sizes))} devices"
+        group_text = format_groups(groups, pair.kind)
         cells = [
             f'<td class="l">%{html.escape(pair.start)}</td>',
             f'<td class="l">{html.escape(pair.kind)}</td>',

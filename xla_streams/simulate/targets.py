@@ -130,7 +130,7 @@ class Target:
     per direction."""
 
     name: str
-    description: str
+    gpu: str  # the GPU, in words
     # Dense tensor-core rates by precision class (keys of MATRIX_RATE_OF_TYPE and "fp8").
     matrix_flops: dict[str, float]
     memory_bandwidth: float
@@ -147,6 +147,11 @@ class Target:
     # Measured / predicted time per kernel class ("matmul", "memory") and collective
     # kind, from a calibration file (calibration.py); a class not listed keeps 1.
     calibration: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def description(self) -> str:
+        """The GPU and its host, as overridden (``devices_per_host``) or not."""
+        return f"{self.gpu}, {self.devices_per_host} GPUs per host"
 
     def time_ratio(self, kind: str) -> float:
         """What the calibration multiplies predictions of ``kind`` by (1 without one)."""
@@ -173,7 +178,7 @@ class Target:
 
 H100 = Target(
     name="h100",
-    description="NVIDIA H100 SXM5 80GB in an 8-GPU DGX/HGX H100 host",
+    gpu="NVIDIA H100 SXM5 80GB",
     matrix_flops={
         "fp64": 67 * TERA,
         "tf32": 494.7 * TERA,
@@ -194,7 +199,7 @@ H100 = Target(
 H200 = dataclasses.replace(
     H100,
     name="h200",
-    description="NVIDIA H200 SXM 141GB in an 8-GPU DGX/HGX H200 host",
+    gpu="NVIDIA H200 SXM 141GB",
     memory_bandwidth=4.8 * TERA,
     sources=(
         "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column",
@@ -205,7 +210,7 @@ H200 = dataclasses.replace(
 
 A100 = Target(
     name="a100",
-    description="NVIDIA A100 SXM4 40GB in an 8-GPU DGX/HGX A100 host",
+    gpu="NVIDIA A100 SXM4 40GB",
     matrix_flops={
         "fp64": 19.5 * TERA,
         "tf32": 156 * TERA,
