@@ -33,6 +33,7 @@ outside the returned callable, the timed work inside it) and append a
 from __future__ import annotations
 
 import argparse
+import compileall
 import cProfile
 import gc
 import os
@@ -319,7 +320,10 @@ def main(argv: list[str] | None = None) -> int:
 
     path = (args.hlo or largest_fixture()).resolve()
     text = path.read_bytes().decode("utf-8")
-    env = dict(os.environ)
+    # Processes start as they do for a user: from compiled bytecode (jax's was compiled
+    # when pip installed it; ours is compiled here), whatever this shell says.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    compileall.compile_dir(REPO / "xla_streams", quiet=1)
     env.setdefault("JAX_PLATFORMS", "cpu")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 

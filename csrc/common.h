@@ -215,6 +215,12 @@ inline std::string JoinIds(const std::vector<int64_t>& ids) {
 // ---------------------------------------------------------------------------
 // Configuration and trace, one instance per library.
 
+// The timeout's bounds, as Python's runtime.MIN_TIMEOUT_S and MAX_TIMEOUT_S
+// (Python checks XLA_STREAMS_TIMEOUT_S and sets the timeout when it loads the
+// library): at most a week, so that NowNs() + TimeoutNs() cannot overflow.
+constexpr int64_t kMinTimeoutMs = 1;
+constexpr int64_t kMaxTimeoutMs = int64_t{7} * 24 * 3600 * 1000;
+
 struct Config {
   std::atomic<int64_t> timeout_ms{300000};
   std::atomic<bool> trace{false};
@@ -223,10 +229,6 @@ struct Config {
 inline Config& GlobalConfig() {
   static Config* config = [] {
     auto* c = new Config();
-    if (const char* env = std::getenv("XLA_STREAMS_TIMEOUT_S")) {
-      double seconds = std::atof(env);
-      if (seconds > 0) c->timeout_ms = static_cast<int64_t>(seconds * 1000);
-    }
     if (const char* env = std::getenv("XLA_STREAMS_TRACE")) {
       c->trace = env[0] == '1';
     }
@@ -234,6 +236,13 @@ inline Config& GlobalConfig() {
   }();
   return *config;
 }
+
+inline void SetTimeoutMs(int64_t ms) {
+  GlobalConfig().timeout_ms = std::clamp(ms, kMinTimeoutMs, kMaxTimeoutMs);
+}
+
+inline int64_t TimeoutMs() { return GlobalConfig().timeout_ms.load(); }
+inline int64_t TimeoutNs() { return TimeoutMs() * 1000000; }
 
 // One trace record. `what`: start | done | collective | compute.
 struct TraceEvent {

@@ -4,8 +4,8 @@
 
 extern "C" {
 int xs_abi_version() { return 1; }
-void xs_set_timeout_ms(int64_t ms) { xs::GlobalConfig().timeout_ms = ms > 0 ? ms : 1; }
-int64_t xs_get_timeout_ms() { return xs::GlobalConfig().timeout_ms.load(); }
+void xs_set_timeout_ms(int64_t ms) { xs::SetTimeoutMs(ms); }
+int64_t xs_get_timeout_ms() { return xs::TimeoutMs(); }
 void xs_trace_enable(int on) { xs::GlobalConfig().trace = on != 0; }
 void xs_trace_clear() { xs::Trace::Get().Clear(); }
 size_t xs_trace_json(char* buffer, size_t capacity) {

@@ -355,7 +355,7 @@ class Watchdog {
         watched.swap(watched_);
       }
       std::vector<Watched> still;
-      int64_t timeout_ns = GlobalConfig().timeout_ms.load() * 1000000;
+      int64_t timeout_ns = TimeoutNs();
       for (Watched& w : watched) {
         ScopedDevice scoped(w.device->ordinal());
         cudaError_t q = cudaEventQuery(w.flight.done);
@@ -448,7 +448,7 @@ ffi::Error UniqueId(const CommKey& key, bool owner, bool all_local, ncclUniqueId
                           " spans processes and JAX's distributed key-value store is not "
                           "available (call jax.distributed.initialize())");
   }
-  int64_t n = get(KeyName(key).c_str(), GlobalConfig().timeout_ms.load(),
+  int64_t n = get(KeyName(key).c_str(), TimeoutMs(),
                   reinterpret_cast<char*>(id), sizeof(*id));
   if (n != static_cast<int64_t>(sizeof(*id))) {
     return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
@@ -493,7 +493,7 @@ ffi::Error Communicator(Device* device, const OpAttrs& op, const std::vector<int
   config.blocking = 0;
   ncclComm_t comm = nullptr;
   ncclResult_t r = ncclCommInitRankConfig(&comm, static_cast<int>(members.size()), id, rank, &config);
-  int64_t deadline = NowNs() + GlobalConfig().timeout_ms.load() * 1000000;
+  int64_t deadline = NowNs() + TimeoutNs();
   while (r == ncclInProgress || (r == ncclSuccess && comm != nullptr)) {
     ncclResult_t state = ncclInProgress;
     ncclCommGetAsyncError(comm, &state);
@@ -525,7 +525,7 @@ ffi::Error Communicator(Device* device, const OpAttrs& op, const std::vector<int
 // Waits (host side, bounded) for a non-blocking communicator to accept the
 // operations just enqueued; NCCL may still be connecting peers on first use.
 ffi::Error Settle(ncclComm_t comm, ncclResult_t r, const OpAttrs& op) {
-  int64_t deadline = NowNs() + GlobalConfig().timeout_ms.load() * 1000000;
+  int64_t deadline = NowNs() + TimeoutNs();
   while (r == ncclInProgress) {
     if (NowNs() > deadline) {
       Abort(comm);

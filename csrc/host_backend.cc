@@ -1,29 +1,40 @@
 // Host backend of the xla_streams runtime: collectives between the CPU devices
 // of one process, run by per-device, per-stream worker threads.
 //
-// `xla_streams_start` (typed FFI, platform Host) copies its operands (a start's
-// result may share an operand's buffer on XLA:CPU) and registers them and its
-// result buffers with an in-process rendezvous keyed by (run id, op id, occurrence, group) and
-// queues the collective on the worker of (device, stream); it returns at once.
+// `xla_streams_start` (typed FFI, platform Host) registers its operand and
+// result buffers with an in-process rendezvous keyed by (run id, op id,
+// occurrence, group) and returns at once; the last member to arrive hands the
+// collective to the worker of (device, stream) of every member.
 // `xla_streams_done` returns an ffi::Future that completes when every member
-// of the group has finished its part, so no XLA thread ever blocks on a peer.
+// has finished its part, so no XLA thread ever blocks on a peer.
 //
-// A worker never waits for a peer either: of the collectives queued on it, it
-// runs the first one whose members have all arrived (its own output, read from
-// every member's input; an all-reduce in two phases, a slice each, then the
-// result out), so devices that issue collectives in different orders cannot
-// deadlock. Inputs stay valid until the last member has finished
-// because each member's done waits for that. A watchdog fails a rendezvous that
-// does not complete within the timeout, naming the devices that never arrived.
+// Workers read their peers' operands in place, without a copy. lower-to-ffi
+// passes the operands to the done as well, so XLA keeps them alive and
+// unwritten until the done, and a done completes only once every member has
+// finished; a start's results are defined while its operands are live, so XLA
+// gives them buffers of their own. Only a caller that aliases a result with an
+// operand (input_output_aliases on a start, which lower-to-ffi never writes)
+// gets that operand copied at the start.
+//
+// A worker never waits for a peer: it is handed a collective only once every
+// member has arrived and computes its own part (its results from everyone's
+// operands; for an all-reduce, one slice of every member's result), so devices
+// that issue collectives in different orders cannot deadlock. A small
+// collective is not handed over at all: the last member to arrive runs every
+// part in its start. A watchdog fails a rendezvous that does not complete
+// within the timeout, naming the devices that never arrived.
 #include <condition_variable>
-#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <thread>
 #include <tuple>
-#include <unordered_map>
+#include <type_traits>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "common.h"
 
@@ -101,158 +112,136 @@ uint16_t FloatToBf16(float f) {
   return static_cast<uint16_t>(x >> 16);
 }
 
+// Integers wrap like XLA's: computed in uint64_t, truncated to T.
 template <typename T>
-T Apply(Reduction r, T a, T b) {
-  switch (r) {
-    case Reduction::kAdd: return a + b;
-    case Reduction::kMultiply: return a * b;
-    case Reduction::kMin: return b < a ? b : a;
-    case Reduction::kMax: return a < b ? b : a;
-    default: return a;
+T Sum(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<T>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+  } else {
+    return a + b;
   }
 }
 
-// Integers wrap like XLA's: compute in the unsigned type of the same width.
 template <typename T>
-T ApplyInt(Reduction r, T a, T b) {
-  using U = std::make_unsigned_t<T>;
+T Product(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<T>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+  } else {
+    return a * b;
+  }
+}
+
+// Calls fn(op) with reduction r as a binary operation on V; false if V has none
+// (and/or of floating point values).
+template <typename V, typename Fn>
+bool WithOperation(Reduction r, Fn fn) {
   switch (r) {
-    case Reduction::kAdd: return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
-    case Reduction::kMultiply: return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
-    case Reduction::kMin: return b < a ? b : a;
-    case Reduction::kMax: return a < b ? b : a;
-    case Reduction::kAnd: return a & b;
-    case Reduction::kOr: return a | b;
-    default: return a;
+    case Reduction::kAdd: fn([](V a, V b) { return Sum(a, b); }); return true;
+    case Reduction::kMultiply: fn([](V a, V b) { return Product(a, b); }); return true;
+    case Reduction::kMin: fn([](V a, V b) { return b < a ? b : a; }); return true;
+    case Reduction::kMax: fn([](V a, V b) { return a < b ? b : a; }); return true;
+    case Reduction::kAnd:
+    case Reduction::kOr:
+      if constexpr (std::is_integral_v<V>) {
+        if (r == Reduction::kAnd) {
+          fn([](V a, V b) { return static_cast<V>(a & b); });
+        } else {
+          fn([](V a, V b) { return static_cast<V>(a | b); });
+        }
+        return true;
+      }
+      return false;
+    case Reduction::kNone: return false;
+  }
+  return false;
+}
+
+// Copies a slice of a result; `stream`: with non-temporal stores, which do not
+// read the destination into the cache first (a third less memory traffic for
+// results too large to stay in the cache until their consumers read them).
+void CopyResult(char* dst, const char* src, size_t bytes, bool stream) {
+#if defined(__SSE2__)
+  if (stream && reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
+    size_t i = 0;
+    for (; i + 16 <= bytes; i += 16) {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+    }
+    std::memcpy(dst + i, src + i, bytes - i);
+    _mm_sfence();  // non-temporal stores are not ordered by the release that follows
+    return;
+  }
+#endif
+  std::memcpy(dst, src, bytes);
+}
+
+// out[i] = ins[0][i] op ins[1][i] op ... (rank order, rounding every step as
+// XLA's own CPU collectives do) for i < count: a pass over `out` per operand.
+template <typename T, typename Op>
+void ReduceInto(const std::vector<const char*>& ins, char* out, size_t count, Op op) {
+  if (count == 0) return;  // `ins` may be empty then (Reducible asks so)
+  T* acc = reinterpret_cast<T*>(out);
+  std::memcpy(acc, ins[0], count * sizeof(T));
+  for (size_t r = 1; r < ins.size(); ++r) {
+    const T* in = reinterpret_cast<const T*>(ins[r]);
+    for (size_t i = 0; i < count; ++i) acc[i] = op(acc[i], in[i]);
   }
 }
 
-// dst[i] = src[0][i] op src[1][i] op ... in rank order, rounding every step as
-// XLA's own CPU collectives do.
-template <typename T, typename F>
-void ReduceWith(void* dst, const std::vector<const void*>& srcs, size_t n, F op) {
-  T* out = static_cast<T*>(dst);
-  const T* first = static_cast<const T*>(srcs[0]);
-  for (size_t i = 0; i < n; ++i) out[i] = first[i];
-  for (size_t r = 1; r < srcs.size(); ++r) {
-    const T* in = static_cast<const T*>(srcs[r]);
-    for (size_t i = 0; i < n; ++i) out[i] = op(out[i], in[i]);
-  }
-}
-
-bool Reduce(ffi::DataType dtype, Reduction r, void* dst, const std::vector<const void*>& srcs,
-            size_t n) {
+// Reduces `count` elements of every input into `out`; false if the runtime has
+// no such reduction of `dtype`.
+bool Reduce(ffi::DataType dtype, Reduction r, const std::vector<const char*>& ins, char* out,
+            size_t count) {
+  auto plain = [&](auto zero) {
+    using T = decltype(zero);
+    return WithOperation<T>(r, [&](auto op) { ReduceInto<T>(ins, out, count, op); });
+  };
+  // Halves are computed in float and rounded back after every step.
+  auto half = [&](auto to_float, auto from_float) {
+    return WithOperation<float>(r, [&](auto op) {
+      ReduceInto<uint16_t>(ins, out, count, [&](uint16_t a, uint16_t b) {
+        return from_float(op(to_float(a), to_float(b)));
+      });
+    });
+  };
   switch (dtype) {
-    case ffi::DataType::F32:
-      ReduceWith<float>(dst, srcs, n, [r](float a, float b) { return Apply(r, a, b); });
-      return r != Reduction::kAnd && r != Reduction::kOr;
-    case ffi::DataType::F64:
-      ReduceWith<double>(dst, srcs, n, [r](double a, double b) { return Apply(r, a, b); });
-      return r != Reduction::kAnd && r != Reduction::kOr;
+    case ffi::DataType::F32: return plain(float{});
+    case ffi::DataType::F64: return plain(double{});
+    case ffi::DataType::S8: return plain(int8_t{});
+    case ffi::DataType::S16: return plain(int16_t{});
+    case ffi::DataType::S32: return plain(int32_t{});
+    case ffi::DataType::S64: return plain(int64_t{});
+    case ffi::DataType::U8: return plain(uint8_t{});
+    case ffi::DataType::U32: return plain(uint32_t{});
     case ffi::DataType::F16:
-      ReduceWith<uint16_t>(dst, srcs, n, [r](uint16_t a, uint16_t b) {
-        return FloatToHalf(Apply(r, HalfToFloat(a), HalfToFloat(b)));
-      });
-      return r != Reduction::kAnd && r != Reduction::kOr;
+      return half([](uint16_t h) { return HalfToFloat(h); },
+                  [](float f) { return FloatToHalf(f); });
     case ffi::DataType::BF16:
-      ReduceWith<uint16_t>(dst, srcs, n, [r](uint16_t a, uint16_t b) {
-        return FloatToBf16(Apply(r, Bf16ToFloat(a), Bf16ToFloat(b)));
-      });
-      return r != Reduction::kAnd && r != Reduction::kOr;
-    case ffi::DataType::S8:
-      ReduceWith<int8_t>(dst, srcs, n, [r](int8_t a, int8_t b) { return ApplyInt(r, a, b); });
-      return true;
-    case ffi::DataType::S16:
-      ReduceWith<int16_t>(dst, srcs, n, [r](int16_t a, int16_t b) { return ApplyInt(r, a, b); });
-      return true;
-    case ffi::DataType::S32:
-      ReduceWith<int32_t>(dst, srcs, n, [r](int32_t a, int32_t b) { return ApplyInt(r, a, b); });
-      return true;
-    case ffi::DataType::S64:
-      ReduceWith<int64_t>(dst, srcs, n, [r](int64_t a, int64_t b) { return ApplyInt(r, a, b); });
-      return true;
-    case ffi::DataType::U8:
-      ReduceWith<uint8_t>(dst, srcs, n, [r](uint8_t a, uint8_t b) {
-        return static_cast<uint8_t>(ApplyInt<int8_t>(r, a, b));
-      });
-      return true;
-    case ffi::DataType::U32:
-      ReduceWith<uint32_t>(dst, srcs, n, [r](uint32_t a, uint32_t b) {
-        return r == Reduction::kMin ? std::min(a, b)
-               : r == Reduction::kMax ? std::max(a, b)
-                                       : static_cast<uint32_t>(ApplyInt<int32_t>(r, a, b));
-      });
-      return true;
-    case ffi::DataType::PRED:
-      // add/max/or are logical or; multiply/min/and are logical and.
-      ReduceWith<uint8_t>(dst, srcs, n, [r](uint8_t a, uint8_t b) -> uint8_t {
-        bool x = a != 0, y = b != 0;
-        bool any = r == Reduction::kAdd || r == Reduction::kMax || r == Reduction::kOr;
-        return any ? (x || y) : (x && y);
-      });
+      return half([](uint16_t h) { return Bf16ToFloat(h); },
+                  [](float f) { return FloatToBf16(f); });
+    case ffi::DataType::PRED:  // add/max/or are logical or; multiply/min/and logical and
+      if (r == Reduction::kNone) return false;
+      if (r == Reduction::kAdd || r == Reduction::kMax || r == Reduction::kOr) {
+        ReduceInto<uint8_t>(ins, out, count, [](uint8_t a, uint8_t b) -> uint8_t {
+          return (a | b) != 0;
+        });
+      } else {
+        ReduceInto<uint8_t>(ins, out, count, [](uint8_t a, uint8_t b) -> uint8_t {
+          return a != 0 && b != 0;
+        });
+      }
       return true;
     default:
       return false;
   }
 }
 
-bool Reducible(ffi::DataType dtype, Reduction r) {
-  switch (dtype) {
-    case ffi::DataType::F32:
-    case ffi::DataType::F64:
-    case ffi::DataType::F16:
-    case ffi::DataType::BF16:
-      return r != Reduction::kAnd && r != Reduction::kOr;
-    case ffi::DataType::S8:
-    case ffi::DataType::S16:
-    case ffi::DataType::S32:
-    case ffi::DataType::S64:
-    case ffi::DataType::U8:
-    case ffi::DataType::U32:
-    case ffi::DataType::PRED:
-      return true;
-    default:
-      return false;
-  }
-}
+// Whether Reduce implements reduction r of dtype (asked with nothing to reduce,
+// so that the two cannot disagree).
+bool Reducible(ffi::DataType dtype, Reduction r) { return Reduce(dtype, r, {}, nullptr, 0); }
 
 // ---------------------------------------------------------------------------
 // Runtime state.
-
-// Runs functions one at a time on its own thread (completions of one device,
-// so XLA's continuation of a done never runs on a collective worker).
-class SerialExecutor {
- public:
-  SerialExecutor() : thread_([this] { Loop(); }) { thread_.detach(); }
-  void Post(std::function<void()> fn) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(fn));
-    }
-    cv_.notify_one();
-  }
-
- private:
-  void Loop() {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return !queue_.empty(); });
-        fn = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      try {
-        fn();
-      } catch (...) {  // keep the thread; the failure already reached its promise
-      }
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  std::thread thread_;
-};
 
 struct Copy {
   const void* src;
@@ -260,20 +249,9 @@ struct Copy {
   size_t bytes;
 };
 
-// One device's collective from its start to its done.
-struct Pending {
-  std::mutex mu;
-  bool complete = false;
-  std::string error;                    // non-empty: failed
-  std::optional<ffi::Promise> promise;  // set by a done that came first
-  std::vector<Copy> copies;             // done outputs not aliased to the start's
-  int64_t logical = -1;
-  TraceEvent done_event;
-  bool trace_done = false;
-};
-
 struct Leaf {
   void* data;
+  size_t bytes;
   int64_t count;
   std::vector<int64_t> dims;
 };
@@ -281,21 +259,26 @@ struct Leaf {
 class Worker;
 class Device;
 
+// One device's part of a collective, from its start to its done.
 struct Participant {
   int rank = 0;
   int device = 0;
   int64_t logical = 0;
   ffi::DataType dtype = ffi::DataType::INVALID;
   std::vector<Leaf> in, out;
-  // Copies of the operands taken at the start: on XLA:CPU a start's result may
-  // share its operand's buffer (loop-carried values), and peers read operands
-  // while results are being written.
-  std::vector<std::unique_ptr<char[]>> staged;
-  std::shared_ptr<Pending> pending;
+  std::vector<std::unique_ptr<char[]>> staged;  // copies of operands a result overlaps
   Worker* worker = nullptr;
   Device* owner = nullptr;
-  int64_t issue_ns = 0;
-  int64_t begin_ns = 0;  // when its worker began (phase 1)
+  int64_t begin_ns = 0;  // when its part began
+  // The done's future completes once the collective has finished and the done
+  // has been called, whichever comes last.
+  std::mutex mu;
+  bool complete = false;
+  std::string error;                    // non-empty: failed
+  std::optional<ffi::Promise> promise;  // set by a done that came first
+  std::vector<Copy> copies;             // done outputs not aliased to the start's
+  bool trace_done = false;
+  TraceEvent done_event;
 };
 
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t>;  // run, op, occurrence, group
@@ -305,50 +288,55 @@ struct Instance {
   std::shared_ptr<const OpAttrs> attrs;
   std::vector<int64_t> members;  // logical ids in rank order
   std::vector<std::shared_ptr<Participant>> by_rank;
-  int arrived = 0;
-  // 0 waiting for members, 1 ready, 2 failed, 3 all-reduce: every slice reduced.
-  std::atomic<int> state{0};
-  std::atomic<int> reduced{0};
-  std::atomic<int> finished{0};
-  // All-reduce runs in two phases without any worker waiting for another:
-  // member r reduces slice r of every leaf into `scratch`; once all slices are
-  // reduced, each member copies the result out.
-  std::vector<std::unique_ptr<char[]>> scratch;
+  int arrived = 0;  // under the registry's lock
   int64_t created_ns = 0;
+  std::atomic<int> finished{0};
+  std::mutex error_mu;
+  std::string error;  // the first member's failure
 };
 
 struct Task {
   std::shared_ptr<Instance> instance;
-  int rank;
-  int phase = 1;
+  int rank = 0;
 };
 
-bool Runnable(const Task& t) {
-  int state = t.instance->state.load(std::memory_order_acquire);
-  return t.phase == 1 ? state != 0 : (state == 2 || state == 3);
-}
+// Operands staged because a result overlaps them (see the top of the file).
+std::atomic<int64_t> g_staged_operands{0};
 
-void CompletePending(Device* device, const std::shared_ptr<Pending>& pending,
-                     const std::string& error);
-
-class Worker {
+// Runs the completions of one device's dones on its own thread: XLA's
+// continuation of a done (the rest of the program, which may run long and
+// start more collectives) never runs on a worker or in another device's start.
+class Completer {
  public:
-  Worker(Device* device, int stream) : device_(device), stream_(stream) {
-    std::thread([this] { Loop(); }).detach();
-  }
-  void Push(Task task) {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(task));
-  }
-  void Notify() {
-    { std::lock_guard<std::mutex> lock(mu_); }
-    cv_.notify_all();
+  Completer() { std::thread([this] { Loop(); }).detach(); }
+  void Post(std::shared_ptr<Participant> p) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(p));
+    }
+    cv_.notify_one();
   }
 
  private:
   void Loop();
-  void Process(Task& task);
-  Device* device_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Participant>> queue_;
+};
+
+class Worker {
+ public:
+  explicit Worker(int stream) : stream_(stream) { std::thread([this] { Loop(); }).detach(); }
+  void Push(Task task) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(task));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void Loop();
   int stream_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -359,12 +347,12 @@ class Device {
  public:
   explicit Device(int ordinal) : ordinal_(ordinal) {}
   int ordinal() const { return ordinal_; }
-  SerialExecutor& completer() { return completer_; }
+  Completer& completer() { return completer_; }
 
   Worker* worker(int64_t stream) {
     std::lock_guard<std::mutex> lock(mu_);
     auto& w = workers_[stream];
-    if (!w) w = std::make_unique<Worker>(this, static_cast<int>(stream));
+    if (!w) w = std::make_unique<Worker>(static_cast<int>(stream));
     return w.get();
   }
 
@@ -384,19 +372,19 @@ class Device {
     return occurrences_[{run, op}]++;
   }
 
-  void AddPending(int64_t run, int64_t op, std::shared_ptr<Pending> pending) {
+  void AddPending(int64_t run, int64_t op, std::shared_ptr<Participant> p) {
     std::lock_guard<std::mutex> lock(mu_);
-    pending_[{run, op}].push_back(std::move(pending));
+    pending_[{run, op}].push_back(std::move(p));
   }
 
-  std::shared_ptr<Pending> TakePending(int64_t run, int64_t op) {
+  std::shared_ptr<Participant> TakePending(int64_t run, int64_t op) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = pending_.find({run, op});
     if (it == pending_.end() || it->second.empty()) return nullptr;
-    auto pending = std::move(it->second.front());
+    auto p = std::move(it->second.front());
     it->second.pop_front();
     if (it->second.empty()) pending_.erase(it);
-    return pending;
+    return p;
   }
 
  private:
@@ -406,8 +394,8 @@ class Device {
   std::map<int64_t, std::unique_ptr<Worker>> workers_;
   std::deque<int64_t> recent_runs_;
   std::map<std::pair<int64_t, int64_t>, int64_t> occurrences_;
-  std::map<std::pair<int64_t, int64_t>, std::deque<std::shared_ptr<Pending>>> pending_;
-  SerialExecutor completer_;
+  std::map<std::pair<int64_t, int64_t>, std::deque<std::shared_ptr<Participant>>> pending_;
+  Completer completer_;
 };
 
 Device* GetDevice(int ordinal) {
@@ -419,34 +407,45 @@ Device* GetDevice(int ordinal) {
   return d.get();
 }
 
-void CompletePending(Device* device, const std::shared_ptr<Pending>& pending,
-                     const std::string& error) {
-  std::optional<ffi::Promise> promise;
-  std::vector<Copy> copies;
+// Marks p's collective finished; its done's future completes now if the done
+// was called, else when it is.
+void Complete(const std::shared_ptr<Participant>& p, const std::string& error) {
   {
-    std::lock_guard<std::mutex> lock(pending->mu);
-    if (pending->complete) return;
-    pending->complete = true;
-    pending->error = error;
-    promise = std::move(pending->promise);
-    pending->promise.reset();
-    copies = pending->copies;
+    std::lock_guard<std::mutex> lock(p->mu);
+    if (p->complete) return;
+    p->complete = true;
+    p->error = error;
+    if (!p->promise.has_value()) return;
   }
-  if (!promise.has_value()) return;  // the done has not been called yet
-  device->completer().Post([pending, promise = std::move(*promise), copies, error]() mutable {
-    if (error.empty()) {
-      for (const Copy& c : copies) std::memmove(c.dst, c.src, c.bytes);
+  p->owner->completer().Post(p);
+}
+
+void Completer::Loop() {
+  for (;;) {
+    std::shared_ptr<Participant> p;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return !queue_.empty(); });
+      p = std::move(queue_.front());
+      queue_.pop_front();
     }
-    if (pending->trace_done) {
-      pending->done_event.end_ns = NowNs();
-      Trace::Get().Add(pending->done_event);
+    // Complete() and the done are through with promise and copies once both ran.
+    if (p->error.empty()) {
+      for (const Copy& c : p->copies) std::memmove(c.dst, c.src, c.bytes);
     }
-    if (error.empty()) {
-      promise.SetAvailable();
+    try {
+      if (p->trace_done) {
+        p->done_event.end_ns = NowNs();
+        Trace::Get().Add(p->done_event);
+      }
+    } catch (...) {  // out of memory for the trace: the collective itself succeeded
+    }
+    if (p->error.empty()) {
+      p->promise->SetAvailable();
     } else {
-      promise.SetError(ffi::Error(ffi::ErrorCode::kAborted, error));
+      p->promise->SetError(ffi::Error(ffi::ErrorCode::kAborted, p->error));
     }
-  });
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -460,8 +459,10 @@ class Registry {
   }
 
   // Adds `p` to its instance; returns a non-empty error when the instance failed.
+  // Sets `ready` to the instance when `p` was its last member to arrive.
   std::string Arrive(const Key& key, std::shared_ptr<const OpAttrs> attrs,
-                     const std::vector<int64_t>& members, std::shared_ptr<Participant> p) {
+                     const std::vector<int64_t>& members, std::shared_ptr<Participant> p,
+                     std::shared_ptr<Instance>* ready) {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto t = tombstones_.find(key); t != tombstones_.end()) return t->second.first;
     std::shared_ptr<Instance>& slot = live_[key];
@@ -485,25 +486,10 @@ class Registry {
       FailLocked(instance, mismatch);
       return mismatch;
     }
-    instance->by_rank[p->rank] = p;
-    ++instance->arrived;
-    p->worker->Push(Task{instance, p->rank});
-    if (instance->arrived == static_cast<int>(members.size())) {
-      if (attrs->kind == Kind::kAllReduce) {
-        try {
-          for (const Leaf& out : p->out) {
-            size_t bytes = static_cast<size_t>(out.count) * ffi::ByteWidth(p->dtype);
-            instance->scratch.emplace_back(new char[bytes > 0 ? bytes : 1]);
-          }
-        } catch (const std::bad_alloc&) {
-          std::string error = "xla_streams: out of host memory for " + attrs->Describe();
-          FailLocked(instance, error);
-          return error;
-        }
-      }
+    instance->by_rank[p->rank] = std::move(p);
+    if (++instance->arrived == static_cast<int>(members.size())) {
       live_.erase(key);
-      instance->state.store(1, std::memory_order_release);
-      for (auto& q : instance->by_rank) q->worker->Notify();
+      *ready = std::move(instance);
     }
     return "";
   }
@@ -534,14 +520,11 @@ class Registry {
   }
 
   void FailLocked(const std::shared_ptr<Instance>& instance, const std::string& error) {
-    instance->state.store(2, std::memory_order_release);
     live_.erase(instance->key);
-    int64_t keep = std::max<int64_t>(GlobalConfig().timeout_ms.load(), 60000) * 2;
-    tombstones_[instance->key] = {error, NowNs() + keep * 1000000};
+    int64_t keep_ns = std::max<int64_t>(TimeoutNs(), int64_t{60} * 1000000000) * 2;
+    tombstones_[instance->key] = {error, NowNs() + keep_ns};
     for (auto& q : instance->by_rank) {
-      if (!q) continue;
-      CompletePending(q->owner, q->pending, error);
-      q->worker->Notify();
+      if (q) Complete(q, error);
     }
   }
 
@@ -553,28 +536,25 @@ class Registry {
 
   void Watchdog() {
     for (;;) {
-      int64_t timeout_ms = GlobalConfig().timeout_ms.load();
-      int64_t period_ms = std::clamp<int64_t>(timeout_ms / 20, 5, 200);
+      int64_t period_ms = std::clamp<int64_t>(TimeoutMs() / 20, 5, 200);
       std::this_thread::sleep_for(std::chrono::milliseconds(period_ms));
       try {
-        Sweep(timeout_ms);
+        Sweep(TimeoutMs());
       } catch (...) {  // out of memory while building a message: try again next period
       }
     }
   }
 
   void Sweep(int64_t timeout_ms) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      int64_t now = NowNs();
-      std::vector<std::shared_ptr<Instance>> expired;
-      for (auto& [key, instance] : live_) {
-        if (now - instance->created_ns > timeout_ms * 1000000) expired.push_back(instance);
-      }
-      for (auto& instance : expired) FailLocked(instance, TimeoutMessage(*instance, timeout_ms));
-      for (auto it = tombstones_.begin(); it != tombstones_.end();) {
-        it = it->second.second < now ? tombstones_.erase(it) : std::next(it);
-      }
+    std::lock_guard<std::mutex> lock(mu_);
+    int64_t now = NowNs();
+    std::vector<std::shared_ptr<Instance>> expired;
+    for (auto& [key, instance] : live_) {
+      if (now - instance->created_ns > timeout_ms * 1000000) expired.push_back(instance);
+    }
+    for (auto& instance : expired) FailLocked(instance, TimeoutMessage(*instance, timeout_ms));
+    for (auto it = tombstones_.begin(); it != tombstones_.end();) {
+      it = it->second.second < now ? tombstones_.erase(it) : std::next(it);
     }
   }
 
@@ -605,23 +585,49 @@ class Registry {
 };
 
 // ---------------------------------------------------------------------------
-// One member's part of a collective: its own outputs from everyone's inputs.
+// One member's part of a collective.
+
+// Where part k of n nearly equal parts of `count` elements begins, rounded down
+// to a cache line so that no two workers write the same line of a result.
+size_t Cut(size_t count, size_t k, size_t n, size_t width) {
+  if (k == n) return count;
+  const size_t line = std::max<size_t>(1, 64 / width);
+  size_t at = count * k / n;
+  return at - at % line;
+}
+
+// Collectives whose members bring at most this many operand bytes in all run
+// in the start of the last member to arrive: waking a worker per member costs
+// more than the copying (measured with benchmarks/bench_ffi.py, 8 devices).
+constexpr size_t kInlineBytes = size_t{1} << 20;
+
+// All-reduce results larger than this in all (a share of a server's last-level
+// cache) are copied to the members with non-temporal stores.
+constexpr size_t kStreamBytes = size_t{16} << 20;
 
 std::string Execute(const Instance& instance, const Participant& me) {
   const OpAttrs& op = *instance.attrs;
   const size_t n = instance.members.size();
   const size_t width = ffi::ByteWidth(me.dtype);
   auto peer = [&](size_t r) -> const Participant& { return *instance.by_rank[r]; };
+  auto input = [&](size_t r, size_t i) { return static_cast<const char*>(peer(r).in[i].data); };
   switch (op.kind) {
-    case Kind::kAllReduce:  // phase 1: slice `rank` of every leaf into the scratch
+    case Kind::kAllReduce:
+      // Slice `rank` of every member's result: reduced into this member's from
+      // every operand, then copied to the others'.
       for (size_t i = 0; i < me.out.size(); ++i) {
-        size_t count = static_cast<size_t>(me.out[i].count);
-        size_t lo = count * me.rank / n, hi = count * (me.rank + 1) / n;
-        std::vector<const void*> srcs(n);
+        const size_t count = static_cast<size_t>(me.out[i].count);
+        const size_t lo = Cut(count, me.rank, n, width), hi = Cut(count, me.rank + 1, n, width);
+        std::vector<const char*> ins(n);
+        for (size_t r = 0; r < n; ++r) ins[r] = input(r, i) + lo * width;
+        char* mine = static_cast<char*>(me.out[i].data) + lo * width;
+        Reduce(me.dtype, op.reduction, ins, mine, hi - lo);
+        const bool stream = n * me.out[i].bytes >= kStreamBytes;
         for (size_t r = 0; r < n; ++r) {
-          srcs[r] = static_cast<const char*>(peer(r).in[i].data) + lo * width;
+          if (r == static_cast<size_t>(me.rank)) continue;
+          char* theirs = static_cast<char*>(peer(r).out[i].data) + lo * width;
+          CopyResult(theirs, mine, (hi - lo) * width, stream);
         }
-        Reduce(me.dtype, op.reduction, instance.scratch[i].get() + lo * width, srcs, hi - lo);
       }
       return "";
     case Kind::kAllGather:
@@ -631,8 +637,7 @@ std::string Execute(const Instance& instance, const Participant& me) {
         auto* out = static_cast<char*>(me.out[i].data);
         for (int64_t o = 0; o < outer; ++o) {
           for (size_t r = 0; r < n; ++r) {
-            const char* in = static_cast<const char*>(peer(r).in[i].data);
-            std::memcpy(out + (o * n + r) * block, in + o * block, block);
+            std::memcpy(out + (o * n + r) * block, input(r, i) + o * block, block);
           }
         }
       }
@@ -642,13 +647,12 @@ std::string Execute(const Instance& instance, const Participant& me) {
         const int64_t outer = op.outer[i];
         size_t elements = static_cast<size_t>(me.out[i].count / outer);
         auto* out = static_cast<char*>(me.out[i].data);
-        std::vector<const void*> srcs(n);
+        std::vector<const char*> ins(n);
         for (int64_t o = 0; o < outer; ++o) {
           for (size_t r = 0; r < n; ++r) {
-            srcs[r] = static_cast<const char*>(peer(r).in[i].data) +
-                      (o * n + me.rank) * elements * width;
+            ins[r] = input(r, i) + (o * n + me.rank) * elements * width;
           }
-          Reduce(me.dtype, op.reduction, out + o * elements * width, srcs, elements);
+          Reduce(me.dtype, op.reduction, ins, out + o * elements * width, elements);
         }
       }
       return "";
@@ -665,8 +669,7 @@ std::string Execute(const Instance& instance, const Participant& me) {
         auto* out = static_cast<char*>(me.out[i].data);
         for (int64_t o = 0; o < outer; ++o) {
           for (size_t s = 0; s < n; ++s) {
-            const char* in = static_cast<const char*>(peer(s).in[i].data);
-            std::memcpy(out + (o * n + s) * chunk, in + (o * n + me.rank) * chunk, chunk);
+            std::memcpy(out + (o * n + s) * chunk, input(s, i) + (o * n + me.rank) * chunk, chunk);
           }
         }
       }
@@ -694,78 +697,55 @@ std::string Execute(const Instance& instance, const Participant& me) {
   return "xla_streams: unknown collective kind";
 }
 
+// Runs one member's part of a ready collective, on its worker or inline.
+void RunPart(const Task& task, int64_t stream) {
+  Instance& instance = *task.instance;
+  Participant& me = *instance.by_rank[task.rank];
+  me.begin_ns = NowNs();
+  std::string error;
+  try {
+    error = Execute(instance, me);
+    if (Trace::Get().enabled()) {
+      TraceEvent e;
+      e.what = "collective";
+      e.device = me.device;
+      e.logical = me.logical;
+      e.stream = stream;
+      e.op_id = instance.attrs->op_id;
+      e.name = instance.attrs->name;
+      e.kind = KindName(instance.attrs->kind);
+      e.begin_ns = me.begin_ns;
+      e.end_ns = NowNs();
+      Trace::Get().Add(std::move(e));
+    }
+  } catch (const std::exception& e) {
+    error = std::string("xla_streams: ") + e.what() + " in " + instance.attrs->Describe();
+  } catch (...) {
+    error = "xla_streams: " + instance.attrs->Describe() + " failed";
+  }
+  if (!error.empty()) {
+    std::lock_guard<std::mutex> lock(instance.error_mu);
+    if (instance.error.empty()) instance.error = error;
+  }
+  // Only the last member to finish completes the dones: until then, peers may
+  // still be reading any member's operands or writing its results.
+  if (instance.finished.fetch_add(1, std::memory_order_acq_rel) + 1 ==
+      static_cast<int>(instance.members.size())) {
+    std::lock_guard<std::mutex> lock(instance.error_mu);
+    for (auto& q : instance.by_rank) Complete(q, instance.error);
+  }
+}
+
 void Worker::Loop() {
   for (;;) {
     Task task;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      std::deque<Task>::iterator it;
-      cv_.wait(lock, [&] {
-        it = std::find_if(queue_.begin(), queue_.end(), Runnable);
-        return it != queue_.end();
-      });
-      task = std::move(*it);
-      queue_.erase(it);
+      cv_.wait(lock, [this] { return !queue_.empty(); });
+      task = std::move(queue_.front());
+      queue_.pop_front();
     }
-    std::string error;
-    try {
-      Process(task);
-    } catch (const std::exception& e) {
-      error = std::string("xla_streams: ") + e.what();
-    } catch (...) {
-      error = "xla_streams: a collective worker failed";
-    }
-    if (!error.empty()) {  // fail the whole collective; completing twice is a no-op
-      task.instance->state.store(2, std::memory_order_release);
-      for (auto& q : task.instance->by_rank) {
-        if (q) CompletePending(q->owner, q->pending, error + " in " + task.instance->attrs->Describe());
-      }
-    }
-  }
-}
-
-void Worker::Process(Task& task) {
-  Instance& instance = *task.instance;
-  if (instance.state.load(std::memory_order_acquire) == 2) return;  // failed
-  Participant& me = *instance.by_rank[task.rank];
-  const int n = static_cast<int>(instance.members.size());
-  std::string error;
-  if (task.phase == 1) {
-    me.begin_ns = NowNs();
-    error = Execute(instance, me);
-    if (instance.attrs->kind == Kind::kAllReduce && error.empty()) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        queue_.push_front(Task{task.instance, task.rank, 2});
-      }
-      if (instance.reduced.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
-        instance.state.store(3, std::memory_order_release);
-        for (auto& q : instance.by_rank) q->worker->Notify();
-      }
-      return;
-    }
-  } else {  // all-reduce phase 2: the reduced leaves out
-    const size_t width = ffi::ByteWidth(me.dtype);
-    for (size_t i = 0; i < me.out.size(); ++i) {
-      std::memcpy(me.out[i].data, instance.scratch[i].get(), me.out[i].count * width);
-    }
-  }
-  if (Trace::Get().enabled()) {
-    TraceEvent e;
-    e.what = "collective";
-    e.device = me.device;
-    e.logical = me.logical;
-    e.stream = stream_;
-    e.op_id = instance.attrs->op_id;
-    e.name = instance.attrs->name;
-    e.kind = KindName(instance.attrs->kind);
-    e.begin_ns = me.begin_ns;
-    e.end_ns = NowNs();
-    Trace::Get().Add(std::move(e));
-  }
-  (void)device_;
-  if (instance.finished.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
-    for (auto& q : instance.by_rank) CompletePending(q->owner, q->pending, error);
+    RunPart(task, stream_);
   }
 }
 
@@ -834,6 +814,11 @@ ffi::Error CheckLocal(const OpAttrs& op, const Participant& p, size_t group_size
   return ffi::Error::Success();
 }
 
+bool Overlap(const Leaf& a, const Leaf& b) {
+  auto x = reinterpret_cast<uintptr_t>(a.data), y = reinterpret_cast<uintptr_t>(b.data);
+  return a.bytes > 0 && b.bytes > 0 && x < y + b.bytes && y < x + a.bytes;
+}
+
 ffi::Error HostStartImpl(ffi::RunId run, int32_t device_ordinal, ffi::RemainingArgs args,
                          ffi::RemainingRets rets, ffi::Dictionary attrs) {
   int64_t issue = NowNs();
@@ -852,20 +837,20 @@ ffi::Error HostStartImpl(ffi::RunId run, int32_t device_ordinal, ffi::RemainingA
   p->logical = static_cast<int64_t>(*replica->typed_data<uint32_t>()) * op->num_partitions +
                *partition->typed_data<uint32_t>();
   p->device = device_ordinal;
-  p->issue_ns = issue;
   for (size_t i = 0; i < leaves; ++i) {
     auto in = args.get<ffi::AnyBuffer>(i);
     if (!in.has_value()) return in.error();
     if (i == 0) p->dtype = in->element_type();
     if (in->element_type() != p->dtype) return Invalid(*op, "operands of different element types");
-    p->in.push_back(Leaf{in->untyped_data(), static_cast<int64_t>(in->element_count()), Dims(*in)});
+    p->in.push_back(Leaf{in->untyped_data(), in->size_bytes(),
+                         static_cast<int64_t>(in->element_count()), Dims(*in)});
   }
   for (size_t i = 0; i < rets.size(); ++i) {
     auto out = rets.get<ffi::AnyBuffer>(i);
     if (!out.has_value()) return out.error();
     if ((*out)->element_type() != p->dtype) return Invalid(*op, "result type differs from operand type");
-    p->out.push_back(
-        Leaf{(*out)->untyped_data(), static_cast<int64_t>((*out)->element_count()), Dims(**out)});
+    p->out.push_back(Leaf{(*out)->untyped_data(), (*out)->size_bytes(),
+                          static_cast<int64_t>((*out)->element_count()), Dims(**out)});
   }
   if (ffi::ByteWidth(p->dtype) == 0) {
     return Invalid(*op, std::string("unsupported element type ") + DTypeName(p->dtype));
@@ -894,11 +879,9 @@ ffi::Error HostStartImpl(ffi::RunId run, int32_t device_ordinal, ffi::RemainingA
 
   Device* device = GetDevice(device_ordinal);
   p->owner = device;
-  p->pending = std::make_shared<Pending>();
-  p->pending->logical = p->logical;
   p->worker = device->worker(op->stream);
   int64_t occurrence = device->NextOccurrence(run.run_id, op->op_id);
-  device->AddPending(run.run_id, op->op_id, p->pending);
+  device->AddPending(run.run_id, op->op_id, p);
 
   if (Trace::Get().enabled()) {
     TraceEvent e;
@@ -915,27 +898,46 @@ ffi::Error HostStartImpl(ffi::RunId run, int32_t device_ordinal, ffi::RemainingA
   }
 
   if (group_index < 0) {  // a permute that neither sends nor receives here: zeros
-    for (const Leaf& out : p->out) std::memset(out.data, 0, out.count * ffi::ByteWidth(p->dtype));
-    CompletePending(device, p->pending, "");
+    for (const Leaf& out : p->out) std::memset(out.data, 0, out.bytes);
+    Complete(p, "");
     return ffi::Error::Success();
   }
   p->rank = static_cast<int>(std::find(members.begin(), members.end(), p->logical) - members.begin());
   if (auto e = CheckLocal(*op, *p, members.size()); !e.success()) {
-    CompletePending(device, p->pending, e.message());
+    Complete(p, e.message());
     return e;
   }
-  const size_t width = ffi::ByteWidth(p->dtype);
+  // Peers read operands in place: one that a result overlaps (the caller aliased
+  // them) would change under them, so it is read from a copy.
   for (Leaf& in : p->in) {
-    size_t bytes = static_cast<size_t>(in.count) * width;
-    p->staged.emplace_back(new char[bytes > 0 ? bytes : 1]);
-    std::memcpy(p->staged.back().get(), in.data, bytes);
+    bool overlaps = std::any_of(p->out.begin(), p->out.end(),
+                                [&](const Leaf& out) { return Overlap(in, out); });
+    if (!overlaps) continue;
+    p->staged.emplace_back(new char[in.bytes]);
+    std::memcpy(p->staged.back().get(), in.data, in.bytes);
     in.data = p->staged.back().get();
+    g_staged_operands.fetch_add(1, std::memory_order_relaxed);
   }
+  std::shared_ptr<Instance> ready;
   std::string error = Registry::Get().Arrive(Key{run.run_id, op->op_id, occurrence, group_index},
-                                             op, members, p);
+                                             op, members, p, &ready);
   if (!error.empty()) {
-    CompletePending(device, p->pending, error);
+    Complete(p, error);
     return ffi::Error(ffi::ErrorCode::kAborted, error);
+  }
+  if (ready) {  // the last member to arrive: hand every part to its worker, or run them here
+    size_t bytes = 0;
+    for (const auto& q : ready->by_rank) {
+      for (const Leaf& leaf : q->in) bytes += leaf.bytes;
+    }
+    for (size_t r = 0; r < ready->by_rank.size(); ++r) {
+      Task task{ready, static_cast<int>(r)};
+      if (bytes <= kInlineBytes) {
+        RunPart(task, op->stream);
+      } else {
+        ready->by_rank[r]->worker->Push(std::move(task));
+      }
+    }
   }
   return ffi::Error::Success();
 }
@@ -950,8 +952,8 @@ ffi::Future HostDoneImpl(ffi::RunId run, int32_t device_ordinal, ffi::RemainingA
     return future;
   }
   Device* device = GetDevice(device_ordinal);
-  std::shared_ptr<Pending> pending = device->TakePending(run.run_id, op.op_id);
-  if (!pending) {
+  std::shared_ptr<Participant> p = device->TakePending(run.run_id, op.op_id);
+  if (!p) {
     promise.SetError(Invalid(op, "done without a start on device " +
                                      std::to_string(device_ordinal)));
     return future;
@@ -965,28 +967,28 @@ ffi::Future HostDoneImpl(ffi::RunId run, int32_t device_ordinal, ffi::RemainingA
       copies.push_back(Copy{src->untyped_data(), (*dst)->untyped_data(), (*dst)->size_bytes()});
     }
   }
-  std::unique_lock<std::mutex> lock(pending->mu);
+  std::unique_lock<std::mutex> lock(p->mu);
   if (Trace::Get().enabled()) {
-    pending->trace_done = true;
-    pending->done_event.what = "done";
-    pending->done_event.device = device_ordinal;
-    pending->done_event.logical = pending->logical;
-    pending->done_event.stream = op.stream;
-    pending->done_event.op_id = op.op_id;
-    pending->done_event.name = op.name;
-    pending->done_event.kind = KindName(op.kind);
-    pending->done_event.begin_ns = NowNs();
+    p->trace_done = true;
+    p->done_event.what = "done";
+    p->done_event.device = device_ordinal;
+    p->done_event.logical = p->logical;
+    p->done_event.stream = op.stream;
+    p->done_event.op_id = op.op_id;
+    p->done_event.name = op.name;
+    p->done_event.kind = KindName(op.kind);
+    p->done_event.begin_ns = NowNs();
   }
-  if (!pending->complete) {
-    pending->copies = std::move(copies);
-    pending->promise = promise;
+  if (!p->complete) {
+    p->copies = std::move(copies);
+    p->promise = promise;
     return future;
   }
-  std::string error = pending->error;
+  std::string error = p->error;
   lock.unlock();
-  if (pending->trace_done) {
-    pending->done_event.end_ns = NowNs();
-    Trace::Get().Add(pending->done_event);
+  if (p->trace_done) {
+    p->done_event.end_ns = NowNs();
+    Trace::Get().Add(p->done_event);
   }
   if (!error.empty()) {
     promise.SetError(ffi::Error(ffi::ErrorCode::kAborted, error));
@@ -1074,4 +1076,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(xla_streams_host_compute, xs::host::HostCompute,
                                   .Attr<int64_t>("spin_us")
                                   .Attr<std::string_view>("label"));
 
-// The plain C entry points for ctypes are in common_api.cc.
+extern "C" {
+// How many operands the host runtime has copied because a result overlapped them.
+int64_t xs_host_staged_operands() {
+  return xs::host::g_staged_operands.load(std::memory_order_relaxed);
+}
+}
+
+// The C entry points both libraries export are in common_api.cc.

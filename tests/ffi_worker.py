@@ -1,6 +1,6 @@
 """End-to-end programs for the ffi runtime on 8 CPU devices, run in a subprocess.
 
-    python tests/ffi_worker.py equal|overlap|timeout|mismatch
+    python tests/ffi_worker.py equal|overlap|timeout|mismatch|direct|aliased
     python tests/ffi_worker.py capture tests/ffi_fixtures   # the modules test_ffi_passes reads
 
 Each scenario prints one ``RESULT <json>`` line and exits 0 when it ran. The
@@ -22,6 +22,7 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import ctypes
 import json
 import re
 import time
@@ -34,8 +35,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from xla_streams import runtime
-from xla_streams.runtime import hook
+from xla_streams import hook, runtime
+from xla_streams.pipeline import default_pipeline
 from xla_streams.xla_module import module_text, to_proto
 
 STATE: dict[str, Any] = {"ffi": False, "rewrite": None, "lowered": 0, "modules": []}
@@ -47,12 +48,11 @@ def callback(serialized: bytes) -> bytes | None:
     rewritten = STATE["rewrite"](text) if STATE["rewrite"] else text
     out = rewritten
     if STATE["ffi"]:
-        spec = hook.pipeline_spec("host", streams=STREAMS)
-        lowered = hook.transform_text(rewritten, spec)
-        if lowered is not None:
-            out = lowered
-            STATE["lowered"] += lowered.count('custom_call_target="xla_streams_start"')
-            STATE["modules"].append(lowered)
+        compilation = hook.run_pipeline(rewritten, default_pipeline(STREAMS, runtime="host"))
+        if compilation.restructured:
+            out = compilation.module.print()
+            STATE["lowered"] += out.count('custom_call_target="xla_streams_start"')
+            STATE["modules"].append(out)
     return None if out == text else to_proto(out)
 
 
@@ -263,6 +263,8 @@ def equal() -> dict[str, Any]:
         "s32": jnp.int32,
         "s8": jnp.int8,
         "pred": jnp.bool_,
+        "u8": jnp.uint8,  # values from 252: min and max are unsigned
+        "u32": jnp.uint32,
     }
     for name, dtype in dtypes.items():
         x = data(dtype, (64, 8), seed=len(checks))
@@ -298,7 +300,29 @@ def equal() -> dict[str, Any]:
     )
     x, y = data(jnp.float32, (64, 8), seed=10), data(jnp.float32, (64, 8), seed=11)
     check("combined/f32", two, (x, y), combine_all_reduces)
-    return {"checks": checks}
+    # Past the size the runtime runs in the last start (1 MiB in all): stream workers,
+    # reductions over several blocks, non-temporal stores (all-reduce results of 16 MiB
+    # in all), and slices that do not divide evenly.
+    check("large/f32", all_kinds(jnp.float32), (data(jnp.float32, (8 * 8192, 64), seed=12),))
+    check("large/bf16", all_kinds(jnp.bfloat16), (data(jnp.bfloat16, (8 * 16384, 8), seed=13),))
+    check("uneven/f32", uneven(), (data(jnp.float32, (8 * 40961, 7), seed=14),))
+    lib = runtime.load("host")
+    lib.xs_host_staged_operands.restype = ctypes.c_int64
+    return {"checks": checks, "staged": lib.xs_host_staged_operands()}
+
+
+def uneven() -> Any:
+    """Collectives of arrays that 8 members and 64-byte lines do not divide evenly."""
+
+    def body(x: Any) -> Any:
+        return (
+            jax.lax.psum(x, "x"),
+            jax.lax.pmin(x, "x"),
+            jax.lax.all_gather(x, "x", axis=0, tiled=True),
+            jax.lax.ppermute(x, "x", [(i, (i + 5) % 8) for i in range(8)]),
+        )
+
+    return smap(mesh1d(), body, P("x"), (P("x"), P("x"), P(), P("x")))
 
 
 def overlap() -> dict[str, Any]:
@@ -441,6 +465,56 @@ def mismatch() -> dict[str, Any]:
     return results
 
 
+def aliased() -> dict[str, Any]:
+    """Starts whose result shares its operand's buffer (input_output_aliases, which
+    lower-to-ffi never writes): peers must still read the operand from before the
+    collective, so the runtime copies it at the start."""
+    mesh = mesh1d()
+    lib = runtime.load("host")
+    lib.xs_host_staged_operands.restype = ctypes.c_int64
+    before = lib.xs_host_staged_operands()
+
+    def call(kind: str, x: Any, op_id: int, groups: Any, group_sizes: Any) -> Any:
+        ids = jax.lax.axis_index("x").astype(jnp.uint32)
+        zero = jnp.zeros((), jnp.uint32)
+        attrs = {
+            "op_id": np.int64(op_id),
+            "name": f"aliased.{kind}",
+            "kind": kind,
+            "stream": np.int64(0),
+            "reduction": "add" if kind == "all-reduce" else "",
+            "groups": np.asarray(groups, dtype=np.int64),
+            "group_sizes": np.asarray(group_sizes, dtype=np.int64),
+            "dimension": np.int64(-1),
+            "channel": np.int64(0),
+            "num_partitions": np.int64(8),
+        }
+        out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        started = jax.ffi.ffi_call(
+            runtime.START_TARGET, out, has_side_effect=True, input_output_aliases={0: 0}
+        )(x, zero, ids, **attrs)
+        return jax.ffi.ffi_call(
+            runtime.DONE_TARGET, out, has_side_effect=True, input_output_aliases={0: 0}
+        )(started, x, op_id=attrs["op_id"], name=attrs["name"], kind=kind, stream=np.int64(0))
+
+    shift = [(i, (i + 1) % 8) for i in range(8)]
+
+    def body(x: Any) -> Any:
+        summed = call("all-reduce", x, 1, np.arange(8), [8])
+        permuted = call("collective-permute", x, 2, np.ravel(shift), [2] * 8)
+        return summed, permuted
+
+    fn = jax.jit(smap(mesh, body, P("x"), (P("x"), P("x"))))
+    x = data(jnp.float32, (64, 16), seed=5)
+    summed, permuted = (np.asarray(a) for a in fn(x))
+    blocks = np.asarray(x).reshape(8, 8, 16)
+    return {
+        "all-reduce": bool(np.array_equal(summed, np.tile(blocks.sum(0), (8, 1)))),
+        "collective-permute": bool(np.array_equal(permuted, np.roll(blocks, 1, 0).reshape(64, 16))),
+        "staged": lib.xs_host_staged_operands() - before,
+    }
+
+
 def direct() -> dict[str, Any]:
     """The custom calls called directly: a gather dimension with blocks before it in memory
     (outer > 1, which XLA:CPU's layouts avoid) and collectives of two operands."""
@@ -553,6 +627,7 @@ def main() -> int:
         "mismatch": mismatch,
         "capture": capture,
         "direct": direct,
+        "aliased": aliased,
     }
     result = scenarios[scenario]()
     print("RESULT " + json.dumps(result), flush=True)

@@ -200,8 +200,6 @@ def test_the_pipeline_annotates_and_the_reports_describe_it(tmp_path: Path) -> N
 
 
 def test_report_html_adds_a_trace_and_a_timeline(tmp_path: Path) -> None:
-    from xla_streams.report import write_reports
-
     config = Config.from_env(
         {
             "XLA_STREAMS_COLLECTIVE_STREAMS": "4",
@@ -210,8 +208,9 @@ def test_report_html_adds_a_trace_and_a_timeline(tmp_path: Path) -> None:
         }
     )
     assert config is not None and config.report_html
-    json_path, _, trace_path, html_path = write_reports(
-        native(FIXTURE.read_text()), str(tmp_path), "0", html=True
+    text = FIXTURE.read_text()
+    json_path, _, trace_path, html_path = hook.write_module_reports(
+        native(text), text, config, html=True
     )
     stem = Path(json_path).name.removesuffix(".json")
     assert Path(trace_path).name == f"{stem}.trace.json"
@@ -667,6 +666,7 @@ def test_the_hook_reaches_gpu_plugins_without_starting_a_backend(
 
     from xla_streams import jax_compat
 
+    jax_cpu.devices()  # JAX has loaded its plugins: the callback runs at once
     registered = []
     monkeypatch.setattr(
         _xla,

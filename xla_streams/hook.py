@@ -21,6 +21,7 @@ logged with the module's name and the module goes on unchanged.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -228,7 +229,12 @@ def write_module_reports(
         logger.debug("no report for module %s: the pipeline assigns no streams", name)
         return ()
     try:
-        paths = write_reports(compilation, config.report_dir, fingerprint(text), html=html)
+        paths: tuple[str, ...] = write_reports(compilation, config.report_dir, fingerprint(text))
+        if html:
+            from xla_streams.simulate.visual import write_visual_report
+
+            stem = os.path.basename(paths[0]).removesuffix(".json")
+            paths += tuple(map(str, write_visual_report(compilation, config.report_dir, stem)))
     except Exception as e:
         if config.strict:
             raise

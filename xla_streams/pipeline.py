@@ -182,9 +182,10 @@ def parse_pipeline(
     An option the spec does not write takes its value from ``defaults[pass][option]``
     when given (the plugin's settings), else the pass's own default.
     """
-    passes = registered_passes()
+    items = spec_items(spec)
+    passes = registered_passes() if items else {}  # importing the passes takes time
     result: list[ModulePass] = []
-    for item in spec_items(spec):
+    for item in items:
         if item.name not in passes:
             known = ", ".join(sorted(passes))
             raise PipelineError(f"unknown pass '{item.name}'; known passes: {known}")

@@ -378,24 +378,15 @@ def report_paths(report_dir: str, module_name: str, digest: str) -> tuple[str, s
     return base + ".json", base + ".txt"
 
 
-def write_reports(
-    compilation: Compilation, report_dir: str, digest: str, *, html: bool = False
-) -> tuple[str, ...]:
-    """Write the JSON report and the text table of ``compilation`` (with ``html``, also a
-    Perfetto trace and an HTML timeline), atomically, and add it to the directory's
-    index; returns the paths written, the JSON report first."""
+def write_reports(compilation: Compilation, report_dir: str, digest: str) -> tuple[str, str]:
+    """Write the JSON report and the text table of ``compilation``, atomically, and add
+    it to the directory's index; returns the paths written, the JSON report first."""
     report = build_report(compilation)
     json_path, text_path = report_paths(report_dir, compilation.module.name, digest)
     os.makedirs(report_dir, exist_ok=True)
     atomic_write_many([(json_path, to_json(report)), (text_path, format_report(report))])
-    paths: tuple[str, ...] = (json_path, text_path)
-    if html:
-        from xla_streams.simulate.visual import write_visual_report
-
-        stem = os.path.basename(json_path).removesuffix(".json")
-        paths += tuple(str(p) for p in write_visual_report(compilation, report_dir, stem))
     _add_to_index(report_dir, report, json_path)
-    return paths
+    return json_path, text_path
 
 
 def _add_to_index(report_dir: str, report: dict[str, Any], json_path: str) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -51,6 +52,13 @@ _SYMBOLS: dict[str, dict[str, str]] = {
     },
 }
 DEFAULT_TIMEOUT_S = 300.0
+TIMEOUT_ENV = "XLA_STREAMS_TIMEOUT_S"
+# A timeout turns a hang into an error, so it is finite. The runtime counts it in
+# whole milliseconds, so less than 1 ms would be no time at all; a collective
+# still running after a week is hung, not slow, and a week of nanoseconds (6e14)
+# stays far from overflowing the runtime's int64 deadlines (9.2e18).
+MIN_TIMEOUT_S = 0.001
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 _lock = threading.RLock()
 _libraries: dict[str, ctypes.CDLL] = {}
@@ -69,6 +77,7 @@ __all__ = [
     "cuda_available",
     "enable_trace",
     "load",
+    "parse_timeout",
     "register",
     "set_stream_priority",
     "set_timeout",
@@ -108,13 +117,15 @@ class TraceEvent:
 
 
 def load(backend: Backend = "host") -> ctypes.CDLL:
-    """The backend's library, built on first use (raises BuildError with the reason)."""
+    """The backend's library, built on first use (raises BuildError with the reason,
+    ValueError for a bad ``XLA_STREAMS_TIMEOUT_S``)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown runtime backend {backend!r}; expected one of {BACKENDS}")
     with _lock:
         lib = _libraries.get(backend)
         if lib is not None:
             return lib
+        milliseconds = _milliseconds(timeout())  # a bad XLA_STREAMS_TIMEOUT_S fails before a build
         from xla_streams.runtime.build import build
 
         path = build(backend)
@@ -129,8 +140,7 @@ def load(backend: Backend = "host") -> ctypes.CDLL:
         lib.xs_trace_json.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
         lib.xs_trace_json.restype = ctypes.c_size_t
         lib.xs_now_ns.restype = ctypes.c_int64
-        if _timeout_s is not None:
-            lib.xs_set_timeout_ms(int(_timeout_s * 1000))
+        lib.xs_set_timeout_ms(milliseconds)
         if _trace_on is not None:
             lib.xs_trace_enable(int(_trace_on))
         _libraries[backend] = lib
@@ -214,29 +224,56 @@ def cuda_available() -> bool:
     return find_cuda() is not None
 
 
+def parse_timeout(text: str, name: str = TIMEOUT_ENV) -> float:
+    """The timeout in seconds that ``text``, the value of setting ``name``, gives.
+
+    Raises ValueError naming ``name`` unless it is a number of seconds from
+    MIN_TIMEOUT_S to MAX_TIMEOUT_S (``inf``, ``nan``, ``0`` and ``abc`` are not).
+    """
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    return _checked(seconds, f"{name}={text!r}")
+
+
+def _checked(seconds: float, shown: str) -> float:
+    if not MIN_TIMEOUT_S <= seconds <= MAX_TIMEOUT_S:  # also rejects nan
+        raise ValueError(
+            f"{shown} is not valid: expected a number of seconds from {MIN_TIMEOUT_S:g} to "
+            f"{MAX_TIMEOUT_S:g} (7 days)"
+        )
+    return seconds
+
+
+def _milliseconds(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
 def set_timeout(seconds: float) -> None:
-    """How long a rendezvous or collective may take before it fails (default 300 s).
+    """How long a rendezvous or collective may take before it fails (default 300 s;
+    MIN_TIMEOUT_S to MAX_TIMEOUT_S, else ValueError).
 
     Also read from ``XLA_STREAMS_TIMEOUT_S`` when a library loads.
     """
     global _timeout_s
-    if not seconds > 0:
-        raise ValueError(f"timeout must be positive, not {seconds!r}")
+    checked = _checked(float(seconds), f"set_timeout({seconds!r})")
     with _lock:
-        _timeout_s = float(seconds)
+        _timeout_s = checked
         for lib in _libraries.values():
-            lib.xs_set_timeout_ms(max(1, int(seconds * 1000)))
+            lib.xs_set_timeout_ms(_milliseconds(checked))
 
 
 def timeout() -> float:
-    """The timeout in seconds in effect."""
+    """The timeout in seconds in effect (ValueError if ``XLA_STREAMS_TIMEOUT_S`` is
+    set, not empty, and not a valid timeout)."""
     with _lock:
         if _timeout_s is not None:
             return _timeout_s
         for lib in _libraries.values():
             return float(lib.xs_get_timeout_ms()) / 1000
-    env = os.environ.get("XLA_STREAMS_TIMEOUT_S")
-    return float(env) if env else DEFAULT_TIMEOUT_S
+    env = os.environ.get(TIMEOUT_ENV, "").strip()
+    return parse_timeout(env) if env else DEFAULT_TIMEOUT_S
 
 
 def enable_trace(on: bool = True) -> None:
