@@ -1,7 +1,9 @@
 """The passes, one per file. Importing this package registers them all.
 
 The folder sits at the top of the repository so that the pipeline is visible in
-the layout; it is installed as ``xla_streams.passes`` and only that name works.
+the layout; the link ``xla_streams/passes`` makes it ``xla_streams.passes``, and
+only that name works (imported as ``passes`` the modules would be a second copy,
+with a second registry).
 """
 
 if __name__ != "xla_streams.passes":

@@ -14,3 +14,28 @@ _UNPARSABLE_ALIASING = re.compile(r", output_to_operand_aliasing=\{\{1\}: \(0, \
 def xla_parsable(text: str) -> str:
     """``text`` as XLA's own text parser accepts it (see above)."""
     return _UNPARSABLE_ALIASING.sub("", text)
+
+
+# One module in the layouts XLA's parser accepts: tabs, comment and blank lines inside
+# computations, `)->` without spaces (tests/test_hlo_roundtrip.py checks each against
+# jaxlib's parser); REPLICA_GROUPS stands for a spelling of the groups.
+LAYOUT_MODULE = """\
+HloModule m, num_partitions=8
+
+%add (a: f32[], b: f32[])->f32[]{
+\t%a = f32[] parameter(0)
+\t%b = f32[] parameter(1)
+\tROOT\t%s = f32[] add(%a, %b)
+}
+
+ENTRY %main (p: f32[8]) -> f32[8] {
+  // a comment line, then a blank line, then one of whitespace
+
+  \t
+  %p = f32[8]{0} parameter(0)
+  // %fake = f32[8]{0} negate(%p): a comment, not an instruction
+  %ar = f32[8]{0} all-reduce(%p), channel_id=1, replica_groups=REPLICA_GROUPS, use_global_device_ids=true, to_apply=%add
+  ROOT %n = f32[8]{0} negate(%ar)
+  // after the ROOT
+}
+"""

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import LAYOUT_MODULE
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -683,28 +684,7 @@ def test_replica_groups_with_comments_in_a_module() -> None:
     assert parse_replica_groups(inst.attributes["replica_groups"]) == ((0, 1, 2, 3), (4, 5, 6, 7))
 
 
-# One module in the layouts XLA's parser accepts (each checked against jaxlib 0.12:
-# tests/test_hlo_roundtrip.py::test_xla_accepts_the_layouts_we_accept).
-LAYOUT_LF = """\
-HloModule m, num_partitions=8
-
-%add (a: f32[], b: f32[])->f32[]{
-\t%a = f32[] parameter(0)
-\t%b = f32[] parameter(1)
-\tROOT\t%s = f32[] add(%a, %b)
-}
-
-ENTRY %main (p: f32[8]) -> f32[8] {
-  // a comment line, then a blank line, then one of whitespace
-
-  \t
-  %p = f32[8]{0} parameter(0)
-  // %fake = f32[8]{0} negate(%p): a comment, not an instruction
-  %ar = f32[8]{0} all-reduce(%p), channel_id=1, replica_groups=[2, 4]<=[8], use_global_device_ids=true, to_apply=%add
-  ROOT %n = f32[8]{0} negate(%ar)
-  // after the ROOT
-}
-"""
+LAYOUT_LF = LAYOUT_MODULE.replace("REPLICA_GROUPS", "[2, 4]<=[8]")
 LAYOUTS = {"tabs-comments-blank-lines": LAYOUT_LF, "crlf": LAYOUT_LF.replace("\n", "\r\n")}
 
 

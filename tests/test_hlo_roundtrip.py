@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import xla_parsable
+from conftest import LAYOUT_MODULE, xla_parsable
 from jaxlib import _hlo
 
 from xla_streams.hlo import HloError, Instruction, Module, parse_module
@@ -460,24 +460,6 @@ def test_xla_prints_frontend_attributes_like_this(value: str) -> None:
 
 # -- the edges of the grammar: XLA's parser (jaxlib 0.12) as the oracle -------------------
 
-ORACLE_MODULE = """\
-HloModule m, num_partitions=8
-
-%add (a: f32[], b: f32[])->f32[]{
-\t%a = f32[] parameter(0)
-\t%b = f32[] parameter(1)
-\tROOT\t%s = f32[] add(%a, %b)
-}
-
-ENTRY %main (p: f32[8]) -> f32[8] {
-  // a comment line, then a blank line, then one of whitespace
-
-  \t
-  %p = f32[8]{0} parameter(0)
-  %ar = f32[8]{0} all-reduce(%p), channel_id=1, replica_groups=REPLICA_GROUPS, use_global_device_ids=true, to_apply=%add
-  ROOT %n = f32[8]{0} negate(%ar)
-}
-"""
 # Spellings we accept, as (spelling, XLA's canonical print of it).
 ORACLE_GROUPS = [
     ("[2, 4]<=[8]", "[2,4]<=[8]"),
@@ -494,7 +476,7 @@ ORACLE_GROUPS = [
 @pytest.mark.parametrize("newline", ["\n", "\r\n"], ids=["lf", "crlf"])
 def test_xla_accepts_the_layouts_we_accept(spelling: str, canonical: str, newline: str) -> None:
     """Tabs, CRLF, comment and blank lines, spaces and comments inside replica groups."""
-    text = ORACLE_MODULE.replace("REPLICA_GROUPS", spelling).replace("\n", newline)
+    text = LAYOUT_MODULE.replace("REPLICA_GROUPS", spelling).replace("\n", newline)
     module = parse_module(text)
     assert module.print() == text
     oracle = _hlo.hlo_module_from_text(text)
