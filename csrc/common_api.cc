@@ -11,5 +11,4 @@ void xs_trace_clear() { xs::Trace::Get().Clear(); }
 size_t xs_trace_json(char* buffer, size_t capacity) {
   return xs::CopyOut(xs::Trace::Get().Json(), buffer, capacity);
 }
-int64_t xs_now_ns() { return xs::NowNs(); }
 }

@@ -430,20 +430,11 @@ def _skip(value: str, pos: int) -> int:
     return pos
 
 
-def decode_or_error[T](inst: Instruction, key: str, parser: Callable[[str], T]) -> T:
-    """Like ``decode`` but a missing attribute is an error too."""
-    result = decode(inst, key, parser)
-    if result is None:
-        raise inst.error(f"expected attribute '{key}' on {inst.opcode}")
-    return result
-
-
 __all__ = [
     "MAX_DEVICES",
     "Groups",
     "HloError",
     "decode",
-    "decode_or_error",
     "format_frontend_attributes",
     "parse_backend_config",
     "parse_frontend_attributes",

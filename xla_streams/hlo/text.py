@@ -98,11 +98,6 @@ def find_closing(s: str, open_index: int, end: int | None = None) -> int:
     )
 
 
-def check_balanced(s: str, start: int = 0) -> None:
-    """Raise ScanError at the first bracket or quote of ``s[start:]`` that does not pair up."""
-    split_top_level(s, start, len(s))
-
-
 def blank_comments(s: str) -> str:
     """``s`` with every ``/*...*/`` replaced by as many spaces, so offsets still hold.
 

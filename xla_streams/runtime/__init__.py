@@ -139,7 +139,6 @@ def load(backend: Backend = "host") -> ctypes.CDLL:
         lib.xs_trace_enable.argtypes = [ctypes.c_int]
         lib.xs_trace_json.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
         lib.xs_trace_json.restype = ctypes.c_size_t
-        lib.xs_now_ns.restype = ctypes.c_int64
         lib.xs_set_timeout_ms(milliseconds)
         if _trace_on is not None:
             lib.xs_trace_enable(int(_trace_on))
@@ -306,8 +305,3 @@ def trace_events() -> list[TraceEvent]:
             events.append(TraceEvent(backend=backend, **item))
     events.sort(key=lambda e: (e.begin_ns, e.device))
     return events
-
-
-def now_ns(backend: Backend = "host") -> int:
-    """The runtime's clock (CLOCK_MONOTONIC, the clock of the trace)."""
-    return int(load(backend).xs_now_ns())
