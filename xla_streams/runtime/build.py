@@ -44,6 +44,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from xla_streams._log import logger
 from xla_streams.runtime.errors import BuildError
 
 # -O3: the host runtime's reduction loops are vectorised (GCC 12 leaves them alone at -O2).
@@ -356,6 +357,8 @@ def build(name: str, *, force: bool = False, verbose: bool = False) -> Path:
             return target  # another process built it meanwhile
         fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=".so", dir=target.parent)
         os.close(fd)
+        # Once per machine and jaxlib: say why the first ffi compile takes a while.
+        logger.info("building the ffi runtime's %s library (about 20 s, once): %s", name, target)
         try:
             _compile(name, Path(tmp), verbose)
             record = json.dumps(_fingerprint(Path(tmp)))
