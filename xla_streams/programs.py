@@ -84,7 +84,10 @@ def _transformer(
     d_ff: int = 16384,
     batch: int = 16,
     seq: int = 256,
+    scan: bool = False,
 ) -> Built:
+    """A transformer training step, FSDP over "data" x TP over "model"; with ``scan`` its
+    layers' weights are stacked and the layers run under ``lax.scan``."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
@@ -106,7 +109,6 @@ def _transformer(
         "w2": P("model", "data"),
     }
     gather_axis = {"wqkv": 0, "wo": 2, "w1": 0, "w2": 1}
-    param_specs = [layer_specs] * layers
     x_spec = P("data", None, None)
 
     def rms_norm(x: Any) -> Any:
@@ -130,13 +132,21 @@ def _transformer(
         return x + jax.lax.psum(h @ w["w2"], "model")
 
     def local_loss(params: Any, x: Any) -> Any:
-        for p in params:
-            x = block(p, x)
+        if scan:
+            x, _ = jax.lax.scan(lambda x, p: (block(p, x), None), x, params)
+        else:
+            for p in params:
+                x = block(p, x)
         return jax.lax.psum(jnp.mean(x * x), "data") / mesh_shape[0]
 
-    loss = jax.shard_map(local_loss, mesh=mesh, in_specs=(param_specs, x_spec), out_specs=P())
+    if scan:  # one array per weight, its layers stacked along a new leading axis
+        shapes: Any = {k: ((layers, *shape), t) for k, (shape, t) in layer_shapes.items()}
+        specs: Any = {k: P(None, *spec) for k, spec in layer_specs.items()}
+    else:
+        shapes, specs = [layer_shapes] * layers, [layer_specs] * layers
+    loss = jax.shard_map(local_loss, mesh=mesh, in_specs=(specs, x_spec), out_specs=P())
     fn = jax.jit(_sgd_step(loss), donate_argnums=0)
-    params = _abstract(mesh, [layer_shapes] * layers, param_specs)
+    params = _abstract(mesh, shapes, specs)
     x = _abstract(mesh, ((batch, seq, d_model), f32), x_spec)
     return fn, (params, x)
 
@@ -403,57 +413,8 @@ def fsdp_tp_scan(devices: Sequence[Any]) -> Built:
     """An 8-layer transformer step under lax.scan on 32 GPUs (4 hosts of 8): FSDP across
     hosts, tensor parallel inside a host. Per layer, the weight all-gathers cross hosts
     (network) while the TP all-reduces stay on NVLink."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import PartitionSpec as P
-
     mesh_shape = (len(devices) // 8, 8) if len(devices) >= 16 else (2, len(devices) // 2)
-    mesh = _mesh(devices, mesh_shape, ("data", "model"))
-    layers, d_model, heads, d_ff, batch, seq = 8, 4096, 32, 16384, 16, 256
-    d_head = d_model // heads
-    f32 = jnp.float32
-    shapes = {
-        "wqkv": ((layers, d_model, 3, heads, d_head), f32),
-        "wo": ((layers, heads, d_head, d_model), f32),
-        "w1": ((layers, d_model, d_ff), f32),
-        "w2": ((layers, d_ff, d_model), f32),
-    }
-    # Layer-stacked weights: FSDP shards d_model over "data", heads / d_ff go over "model".
-    specs = {
-        "wqkv": P(None, "data", None, "model", None),
-        "wo": P(None, "model", None, "data"),
-        "w1": P(None, "data", "model"),
-        "w2": P(None, "model", "data"),
-    }
-    gather_axis = {"wqkv": 0, "wo": 2, "w1": 0, "w2": 1}
-    x_spec = P("data", None, None)
-
-    def rms_norm(x: Any) -> Any:
-        return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
-
-    def block(x: Any, p: Any) -> Any:
-        w = {
-            k: jax.lax.all_gather(v, "data", axis=gather_axis[k], tiled=True) for k, v in p.items()
-        }
-        h = rms_norm(x)
-        qkv = jnp.einsum("bsd,dthe->tbhse", h, w["wqkv"])
-        q, k, v = qkv[0], qkv[1], qkv[2]
-        logits = jnp.einsum("bhqe,bhke->bhqk", q, k) / jnp.sqrt(f32(d_head))
-        causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
-        probs = jax.nn.softmax(jnp.where(causal, logits, -1e9), axis=-1)
-        attn = jnp.einsum("bhqk,bhke->bhqe", probs, v)
-        x = x + jax.lax.psum(jnp.einsum("bhse,hed->bsd", attn, w["wo"]), "model")
-        h = jax.nn.gelu(rms_norm(x) @ w["w1"])
-        return x + jax.lax.psum(h @ w["w2"], "model"), None
-
-    def local_loss(params: Any, x: Any) -> Any:
-        x, _ = jax.lax.scan(block, x, params)
-        return jax.lax.psum(jnp.mean(x * x), "data") / mesh_shape[0]
-
-    loss = jax.shard_map(local_loss, mesh=mesh, in_specs=(specs, x_spec), out_specs=P())
-    fn = jax.jit(_sgd_step(loss), donate_argnums=0)
-    x = _abstract(mesh, ((batch, seq, d_model), f32), x_spec)
-    return fn, (_abstract(mesh, shapes, specs), x)
+    return _transformer(devices, mesh_shape=mesh_shape, layers=8, scan=True)
 
 
 def fsdp_tp_mlp_scan(devices: Sequence[Any]) -> Built:
