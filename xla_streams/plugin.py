@@ -68,6 +68,7 @@ _startup_error: ConfigError | None = None
 _fail_fast_installed = False
 _xla_flags_before: str | None = None  # XLA_FLAGS as it was before we added to it
 _xla_flags_added: tuple[str, ...] = ()
+_late_warning_given = False  # XLA_FLAGS read before we could add to it: said once
 
 
 def current() -> Config | None:
@@ -240,7 +241,7 @@ def _fail_at_backend_start(error: ConfigError) -> None:
 def _apply_xla_options(config: Config) -> list[str]:
     """Add what ``config`` needs to XLA_FLAGS while XLA has not read it yet; sets the
     stream model from the overlap limit that will be in effect."""
-    global _xla_flags_before, _xla_flags_added, _model
+    global _xla_flags_before, _xla_flags_added, _model, _late_warning_given
     # A tune result's options win over native mode's defaults (its overlap limit is
     # what its prediction was made with).
     native = xla_options.native_mode(config.collective_streams) if config.mode == "native" else {}
@@ -269,7 +270,8 @@ def _apply_xla_options(config: Config) -> list[str]:
         sync_on_compute=True,
     )
     if started:
-        if added:
+        if added and not _late_warning_given:
+            _late_warning_given = True
             logger.warning(
                 "JAX has started already and XLA has read XLA_FLAGS, so %s cannot take effect "
                 "in this process; set XLA_STREAMS_COLLECTIVE_STREAMS (or call "
