@@ -51,7 +51,6 @@ class Stats:
     unchanged: int = 0
     failed: int = 0
     reports: list[str] = field(default_factory=list)
-    modules: list[str] = field(default_factory=list)
     seconds: float = 0.0  # time spent in the hook
 
 
@@ -74,7 +73,7 @@ def _say_once(message: str) -> None:
 def stats() -> Stats:
     """A copy of the hook's counters."""
     with _lock:
-        return replace(_stats, reports=list(_stats.reports), modules=list(_stats.modules))
+        return replace(_stats, reports=list(_stats.reports))
 
 
 def reset_stats() -> None:
@@ -141,7 +140,6 @@ def transform(
         with _lock:
             _stats.seconds += time.perf_counter() - begin
     with _lock:
-        _stats.modules.append(name)
         if out is None:
             _stats.unchanged += 1
         else:
