@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from xla_streams import programs  # noqa: E402
-from xla_streams.tune import DEFAULT_BUDGET_S, tune  # noqa: E402
+from xla_streams.tuning import DEFAULT_BUDGET_S, tune  # noqa: E402
 
 EXPECTED_SPEEDUP = {"fsdp_tp_scan": 1.1}
 NO_GAIN = ("fsdp_chain",)

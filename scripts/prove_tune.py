@@ -111,7 +111,7 @@ def prove(
 ) -> TuneProof:
     """Run the proof in this process (which must not have started JAX yet)."""
     from xla_streams import xla_options
-    from xla_streams.tune import load_tune_result
+    from xla_streams.tuning import load_tune_result
 
     best = load_tune_result(tune_file).best
     proof = TuneProof(tune_file, program, best.streams, best.policy, dict(best.xla_flags))

@@ -18,7 +18,7 @@ LAYERS: list[set[str]] = [
     {"pipeline"},
     {"passes"},
     {"report", "simulate", "runtime"},
-    {"config", "hook", "aot", "programs", "tune"},
+    {"config", "hook", "aot", "programs", "tuning"},
     {"plugin", "flags", "demo"},
     {"cli", "__main__"},
 ]

@@ -24,8 +24,8 @@ import pytest
 
 import xla_streams
 from xla_streams import cli, xla_options
-from xla_streams import tune as tune_module
-from xla_streams.tune import (
+from xla_streams import tuning as tune_module
+from xla_streams.tuning import (
     SCHEMA,
     Configuration,
     TuneError,
@@ -76,11 +76,8 @@ def test_options_in_words_and_the_command_xla_parses() -> None:
     ]
 
 
-def test_the_module_is_callable_after_import() -> None:
-    # xla_streams.tune is the function until xla_streams.tune (the module) is imported,
-    # then the module: both must run tune().
-    assert callable(xla_streams.tune)
-    assert callable(tune_module)
+def test_the_public_name_runs_tune() -> None:
+    assert xla_streams.tune is tune_module.tune
     with pytest.raises(TuneError, match="devices must be a positive integer"):
         xla_streams.tune(lambda d: None, devices=0)
 

@@ -30,14 +30,14 @@ _EXPORTS = {
     "current": "xla_streams.plugin",
     "disable": "xla_streams.plugin",
     "enable": "xla_streams.plugin",
-    "tune": "xla_streams.tune",
+    "tune": "xla_streams.tuning",
 }
 __all__ = ["Config", "ConfigError", "collective_streams", "current", "disable", "enable", "tune"]
 
 if TYPE_CHECKING:
     from xla_streams.config import Config, ConfigError
     from xla_streams.plugin import collective_streams, current, disable, enable
-    from xla_streams.tune import tune
+    from xla_streams.tuning import tune
 
 
 def __getattr__(name: str) -> Any:

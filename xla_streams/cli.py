@@ -301,14 +301,14 @@ def _simulate(args: Args) -> int:
 
 
 def _tune_flags(fv: flags.FlagValues) -> None:
-    from xla_streams.tune import define_flags
+    from xla_streams.tuning import define_flags
 
     define_flags(fv)
 
 
 def _tune(args: Args) -> int:
     # Imports JAX when it compiles: only for this command.
-    from xla_streams.tune import TuneError, TuneUsageError, run_command
+    from xla_streams.tuning import TuneError, TuneUsageError, run_command
 
     try:
         result = run_command(args.positional, args.flag, args.stderr)

@@ -362,7 +362,7 @@ def _apply_tune_file(parsed: dict[str, Any], origin: Mapping[str, Source]) -> No
     path = parsed.get("config")
     if path is None:
         return
-    from xla_streams.tune import TuneError, load_tune_result
+    from xla_streams.tuning import TuneError, load_tune_result
 
     try:
         best = load_tune_result(path).best

@@ -405,7 +405,7 @@ def gspmd_step(devices: Sequence[Any]) -> Built:
 
 
 # --------------------------------------------------------------------------
-# Programs for `xla-streams tune` (xla_streams/tune.py): one where XLA's overlap
+# Programs for `xla-streams tune` (xla_streams/tuning.py): one where XLA's overlap
 # levers pay, one where nothing can overlap.
 
 

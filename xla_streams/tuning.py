@@ -89,13 +89,13 @@ import re
 import shlex
 import sys
 import time
-import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from xla_streams import xla_options as xo
+from xla_streams.aot import GPU_CONFIGS
 from xla_streams.collectives import MAX_STREAMS, POLICIES, AsyncPair
 
 if TYPE_CHECKING:
@@ -116,11 +116,9 @@ STREAM_COUNTS = (1, 2, 4, 8)
 OVERLAP_LIMITS = (2, 4)
 DEFAULT_BUILDER = "build"
 DEFAULT_SCRIPT = "python train.py"
-TARGET_NAMES = ("h100", "a100", "h200")
+TARGET_NAMES = tuple(GPU_CONFIGS)  # the GPUs we compile for without one
 # Combine thresholds tried below XLA's default (about 30 MiB).
 LOWERED_COMBINE_THRESHOLD = 4 << 20
-# Per-GPU memory of targets XLA ships no GpuTargetConfigProto for (bytes).
-_H200_MEMORY = 143_771 * 2**20
 
 Builder = Callable[[Sequence[Any]], Any]
 Flags = dict[str, object]
@@ -893,45 +891,14 @@ def search(
 # -- targets --------------------------------------------------------------------------------
 
 
-def _target_config(target: str) -> str:
+def hbm_bytes(target: str) -> int:
+    """The per-GPU memory of ``target``: ``device_memory_size`` of its XLA target config."""
     from xla_streams import aot
 
-    if target == "h200":
-        text = aot.target_config("h100")
-        text = re.sub(r"device_memory_size: \d+", f"device_memory_size: {_H200_MEMORY}", text)
-        text = re.sub(r"memory_bandwidth: \d+", "memory_bandwidth: 4800000000000", text)
-        return text.replace('"NVIDIA H100 80GB HBM3"', '"NVIDIA H200"')
-    return aot.target_config(target)
-
-
-def hbm_bytes(target: str) -> int:
-    """The per-GPU memory of ``target``: the simulator's, where its table has it, else
-    ``device_memory_size`` of XLA's target config."""
-    from xla_streams.simulate.targets import get_target
-
-    own = getattr(get_target(target), "hbm_bytes", None)
-    if isinstance(own, int) and own > 0:
-        return own
-    match = re.search(r"device_memory_size: (\d+)", _target_config(target))
+    match = re.search(r"device_memory_size: (\d+)", aot.target_config(target))
     if match is None:
         raise TuneError(f"no device_memory_size in the target config of {target}")
     return int(match.group(1))
-
-
-def _topology(target: str, devices: int, devices_per_host: int) -> Any:
-    from xla_streams import aot
-
-    if target != "h200":
-        return aot.gpu_topology(target, devices, devices_per_host)
-    aot.gpu_topology("h100", devices_per_host, devices_per_host)  # the same checks
-    from jax.experimental import topologies
-
-    return topologies.get_topology_desc(
-        platform="cuda",
-        topology_name="",
-        target_config=_target_config(target),
-        topology=f"1x{devices // devices_per_host}x{devices_per_host}",
-    )
 
 
 def _simulation_target(target: str, calibration: str | os.PathLike[str] | None) -> Target:
@@ -1086,7 +1053,7 @@ def tune(
             f"{name}: {devices} GPUs ({devices_per_host} per host) of {target}"
         )
     try:
-        topology = _topology(target.lower(), devices, devices_per_host)
+        topology = aot.gpu_topology(target.lower(), devices, devices_per_host)
     except (aot.GpuAotUnavailable, ValueError) as e:
         raise TuneError(str(e)) from None
     gpus = sorted(topology.devices, key=lambda d: (d.process_index, d.id))
@@ -1704,13 +1671,3 @@ def run_command(
         progress=stderr if flag("progress") else None,
         script=flag("script"),
     )
-
-
-# ``xla_streams.tune`` is the function (a lazy export of the package) until this module
-# is imported, and then Python makes it this module: calling the module runs tune().
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args: Any, **kwargs: Any) -> TuneResult:
-        return tune(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
