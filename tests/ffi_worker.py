@@ -395,6 +395,49 @@ def analyse_overlap(events: list[runtime.TraceEvent]) -> dict[str, Any]:
     }
 
 
+def runtime_collective(
+    kind: str,
+    xs: list[Any],
+    out_shapes: list[tuple[int, ...]],
+    op_id: int,
+    *,
+    name: str,
+    stream: int = 0,
+    alias_operands: bool = False,
+    **overrides: Any,
+) -> list[Any]:
+    """One collective over mesh1d's 8 devices through the runtime's start and done custom
+    calls, called directly with the attributes lower-to-ffi writes (``overrides`` replace
+    them); ``alias_operands`` makes the start write into its operands, as XLA may."""
+    ids = jax.lax.axis_index("x").astype(jnp.uint32)
+    zero = jnp.zeros((), jnp.uint32)
+    attrs = {
+        "op_id": np.int64(op_id),
+        "name": name,
+        "kind": kind,
+        "stream": np.int64(stream),
+        "reduction": "add" if kind in ("all-reduce", "reduce-scatter") else "",
+        "groups": np.arange(8, dtype=np.int64),
+        "group_sizes": np.array([8], dtype=np.int64),
+        "dimension": np.int64(-1),
+        "channel": np.int64(0),
+        "num_partitions": np.int64(8),
+        **overrides,
+    }
+    types = [jax.ShapeDtypeStruct(shape, xs[0].dtype) for shape in out_shapes]
+    results = {i: i for i in range(len(out_shapes))}
+    started = jax.ffi.ffi_call(
+        runtime.START_TARGET,
+        types,
+        has_side_effect=True,
+        input_output_aliases=results if alias_operands else None,
+    )(*xs, zero, ids, **attrs)
+    done = jax.ffi.ffi_call(
+        runtime.DONE_TARGET, types, has_side_effect=True, input_output_aliases=results
+    )
+    return done(*started, *xs, op_id=attrs["op_id"], name=name, kind=kind, stream=attrs["stream"])
+
+
 def timeout() -> dict[str, Any]:
     """A collective that half the devices never reach fails after the timeout."""
     runtime.set_timeout(2.0)
@@ -416,32 +459,14 @@ def timeout() -> dict[str, Any]:
 def mismatch() -> dict[str, Any]:
     """Devices bringing different shapes to one collective, and buffers that do not fit it."""
     mesh = mesh1d()
-    common = {
-        "name": "mismatched",
-        "kind": "all-reduce",
-        "stream": np.int64(0),
-        "reduction": "add",
-        "groups": np.arange(8, dtype=np.int64),
-        "group_sizes": np.array([8], dtype=np.int64),
-        "dimension": np.int64(-1),
-        "channel": np.int64(0),
-        "num_partitions": np.int64(8),
-    }
 
     def collective(x: Any, op_id: int, kind: str = "all-reduce", out_shape: Any = None) -> Any:
-        ids = jax.lax.axis_index("x").astype(jnp.uint32)
-        zero = jnp.zeros((), jnp.uint32)
-        reduction = "add" if kind in ("all-reduce", "reduce-scatter") else ""
-        attrs = dict(common, kind=kind, op_id=np.int64(op_id), reduction=reduction)
-        if kind == "all-gather":
-            attrs.update(dimension=np.int64(0), outer=np.array([1], dtype=np.int64))
-        out = jax.ShapeDtypeStruct(out_shape or x.shape, x.dtype)
-        started = jax.ffi.ffi_call(runtime.START_TARGET, out, has_side_effect=True)(
-            x, zero, ids, **attrs
+        gather = {"dimension": np.int64(0), "outer": np.array([1], dtype=np.int64)}
+        extra = gather if kind == "all-gather" else {}
+        (out,) = runtime_collective(
+            kind, [x], [out_shape or x.shape], op_id, name="mismatched", **extra
         )
-        return jax.ffi.ffi_call(
-            runtime.DONE_TARGET, out, has_side_effect=True, input_output_aliases={0: 0}
-        )(started, x, op_id=np.int64(op_id), name="mismatched", kind=kind, stream=np.int64(0))
+        return out
 
     def across(x: Any) -> Any:  # devices 0-3 bring f32[4], devices 4-7 f32[8]
         i = jax.lax.axis_index("x")
@@ -475,27 +500,17 @@ def aliased() -> dict[str, Any]:
     before = lib.xs_host_staged_operands()
 
     def call(kind: str, x: Any, op_id: int, groups: Any, group_sizes: Any) -> Any:
-        ids = jax.lax.axis_index("x").astype(jnp.uint32)
-        zero = jnp.zeros((), jnp.uint32)
-        attrs = {
-            "op_id": np.int64(op_id),
-            "name": f"aliased.{kind}",
-            "kind": kind,
-            "stream": np.int64(0),
-            "reduction": "add" if kind == "all-reduce" else "",
-            "groups": np.asarray(groups, dtype=np.int64),
-            "group_sizes": np.asarray(group_sizes, dtype=np.int64),
-            "dimension": np.int64(-1),
-            "channel": np.int64(0),
-            "num_partitions": np.int64(8),
-        }
-        out = jax.ShapeDtypeStruct(x.shape, x.dtype)
-        started = jax.ffi.ffi_call(
-            runtime.START_TARGET, out, has_side_effect=True, input_output_aliases={0: 0}
-        )(x, zero, ids, **attrs)
-        return jax.ffi.ffi_call(
-            runtime.DONE_TARGET, out, has_side_effect=True, input_output_aliases={0: 0}
-        )(started, x, op_id=attrs["op_id"], name=attrs["name"], kind=kind, stream=np.int64(0))
+        (out,) = runtime_collective(
+            kind,
+            [x],
+            [x.shape],
+            op_id,
+            name=f"aliased.{kind}",
+            alias_operands=True,
+            groups=np.asarray(groups, dtype=np.int64),
+            group_sizes=np.asarray(group_sizes, dtype=np.int64),
+        )
+        return out
 
     shift = [(i, (i + 1) % 8) for i in range(8)]
 
@@ -521,33 +536,9 @@ def direct() -> dict[str, Any]:
     mesh = mesh1d()
 
     def call(kind: str, xs: list[Any], outs: list[Any], op_id: int, **extra: Any) -> Any:
-        ids = jax.lax.axis_index("x").astype(jnp.uint32)
-        zero = jnp.zeros((), jnp.uint32)
-        attrs = {
-            "op_id": np.int64(op_id),
-            "name": f"direct.{kind}",
-            "kind": kind,
-            "stream": np.int64(op_id % 2),
-            "reduction": "add" if kind in ("all-reduce", "reduce-scatter") else "",
-            "groups": np.arange(8, dtype=np.int64),
-            "group_sizes": np.array([8], dtype=np.int64),
-            "dimension": np.int64(-1),
-            "channel": np.int64(0),
-            "num_partitions": np.int64(8),
-        }
-        attrs.update(extra)
-        types = [jax.ShapeDtypeStruct(o, xs[0].dtype) for o in outs]
-        started = jax.ffi.ffi_call(runtime.START_TARGET, types, has_side_effect=True)(
-            *xs, zero, ids, **attrs
+        return runtime_collective(
+            kind, xs, outs, op_id, name=f"direct.{kind}", stream=op_id % 2, **extra
         )
-        done = jax.ffi.ffi_call(
-            runtime.DONE_TARGET,
-            types,
-            has_side_effect=True,
-            input_output_aliases={i: i for i in range(len(outs))},
-        )
-        return done(*started, *xs, op_id=attrs["op_id"], name=attrs["name"], kind=kind,
-                    stream=attrs["stream"])  # fmt: skip
 
     def body(x: Any, y: Any) -> Any:  # x, y: [4, 16] row major per device
         outer = {"dimension": np.int64(1), "outer": np.array([4], dtype=np.int64)}
