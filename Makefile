@@ -15,16 +15,25 @@ COMPAT_VENV := .venv-jax$(COMPAT_JAX)
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
 COMPAT_TESTS := unmodified_script or ffi_mode_from or bad_values_stop or strict_mode_from
 
-.PHONY: demo test compat chromium python
+.PHONY: demo test typecheck compat chromium python
 demo: $(STAMP)
 	$(VENV)/bin/xla-streams demo
 
 test: $(STAMP) chromium compat
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy
-	$(VENV)/bin/python scripts/gpu_check.py --dry-run $(VENV)/gpu_check_dry_run
+	$(MAKE) --no-print-directory typecheck
+	$(VENV)/bin/python tools/gpu_check.py --dry-run $(VENV)/gpu_check_dry_run
 	$(VENV)/bin/python -m pytest -q
+
+# mypy knows no package-dir mapping: it checks a tree of links laid out as the
+# installed package is (xla_streams/passes/ -> passes/); errors name the link.
+TYPECHECK := build/typecheck
+typecheck: $(STAMP)
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)
+	cp -as $(CURDIR)/xla_streams $(TYPECHECK)/xla_streams
+	cp -as $(CURDIR)/passes $(TYPECHECK)/xla_streams/passes
+	cd $(TYPECHECK) && $(CURDIR)/$(VENV)/bin/mypy --config-file $(CURDIR)/pyproject.toml
 
 # jax 0.11.2 (CPU wheels, about 100 MB): the plugin's start-up and its native and
 # ffi modes on an unmodified 8-device program (tests/test_plugin.py, subprocesses).

@@ -13,12 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xla_streams.collectives import STREAM_ATTRIBUTE
-from xla_streams.pipeline import Compilation, Fact, ModulePass, register, set_frontend_attribute
+from xla_streams.passes.base import Compilation, Fact, ModulePass
 
-__all__ = ["STREAM_ATTRIBUTE", "AnnotateStreams", "set_frontend_attribute"]
+__all__ = ["STREAM_ATTRIBUTE", "AnnotateStreams"]
 
 
-@register
 @dataclass(frozen=True)
 class AnnotateStreams(ModulePass):
     name = "annotate-streams"
@@ -41,4 +40,4 @@ class AnnotateStreams(ModulePass):
             for name in (pair.start, pair.done):
                 inst = comp.get(name)
                 assert inst is not None
-                compilation.set_frontend_attribute(inst, STREAM_ATTRIBUTE, str(stream))
+                inst.set_frontend_attribute(STREAM_ATTRIBUTE, str(stream))

@@ -37,10 +37,9 @@ from xla_streams.collectives import (
     StreamAssignment,
     in_flight_order,
 )
-from xla_streams.pipeline import Compilation, Fact, ModulePass, register
+from xla_streams.passes.base import Compilation, Fact, ModulePass
 
 
-@register
 @dataclass(frozen=True)
 class AssignStreams(ModulePass):
     name = "assign-streams"

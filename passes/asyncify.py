@@ -26,22 +26,20 @@ from dataclasses import dataclass
 
 from xla_streams.collectives import KINDS as COLLECTIVE_KINDS
 from xla_streams.hlo import Computation, Instruction, Module
+from xla_streams.passes.base import Compilation, Fact, ModulePass
 from xla_streams.passes.lower_to_ffi import KINDS, plan_collective
-from xla_streams.pipeline import Compilation, Fact, ModulePass, register
 
 _STALE = frozenset(
     {Fact.ASYNC_PAIRS, Fact.STREAMS_ASSIGNED, Fact.STREAMS_VERIFIED, Fact.STREAMS_ANNOTATED}
 )
 
 
-@register
 @dataclass(frozen=True)
 class Asyncify(ModulePass):
     name = "asyncify"
 
     def run(self, compilation: Compilation) -> None:
         if asyncify(compilation.module):
-            compilation.restructured = True
             compilation.pairs = ()
             compilation.assignment = None
             compilation.facts -= _STALE

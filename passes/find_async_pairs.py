@@ -22,7 +22,7 @@ from xla_streams.collectives import (
 )
 from xla_streams.hlo import Computation, HloError, Instruction, Module
 from xla_streams.hlo.attributes import decode, parse_backend_config, parse_frontend_attributes
-from xla_streams.pipeline import Compilation, Fact, ModulePass, register
+from xla_streams.passes.base import Compilation, Fact, ModulePass
 
 COLLECTIVES = COLLECTIVE_OPCODES  # the kinds a start/done pair can wrap or spell
 _DONE_OF_SEND_RECV = {"send-done": "send", "recv-done": "recv"}
@@ -36,7 +36,6 @@ _CONTROL_FLOW_CALLEES = {
 }
 
 
-@register
 @dataclass(frozen=True)
 class FindAsyncPairs(ModulePass):
     """Options say how the module was compiled and who runs its collectives (see
@@ -53,10 +52,6 @@ class FindAsyncPairs(ModulePass):
     def __post_init__(self) -> None:
         if self.overlap_limit < 0:
             raise ValueError(f"overlap_limit must be 0 (unknown) or more, not {self.overlap_limit}")
-
-    @classmethod
-    def of(cls, model: StreamModel) -> FindAsyncPairs:
-        return cls(model.overlap_limit, model.sync_on_compute, model.ffi)
 
     def run(self, compilation: Compilation) -> None:
         module = compilation.module

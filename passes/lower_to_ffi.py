@@ -39,7 +39,7 @@ from xla_streams.collectives import KINDS as COLLECTIVE_KINDS
 from xla_streams.collectives import AsyncPair
 from xla_streams.hlo import Computation, Instruction, Module
 from xla_streams.hlo.attributes import decode, parse_int_list
-from xla_streams.pipeline import Compilation, Fact, ModulePass, PipelineError, register
+from xla_streams.passes.base import Compilation, Fact, ModulePass, PipelineError
 
 Backend = Literal["host", "cuda"]
 START_TARGET = "xla_streams_start"
@@ -201,45 +201,26 @@ def ffi_dictionary(items: dict[str, int | str | tuple[int, ...]]) -> str:
     return "{" + ", ".join(parts) + "}"
 
 
-@register
 @dataclass(frozen=True)
 class LowerToFfi(ModulePass):
     name = "lower-to-ffi"
     requires = frozenset({Fact.ASYNC_PAIRS, Fact.STREAMS_ASSIGNED})
 
     backend: Backend = "host"
-    devices: str = ""
+    devices: tuple[int, ...] = ()  # the module's device assignment (the CUDA runtime's ranks)
 
     def __post_init__(self) -> None:
         if self.backend not in ("host", "cuda"):
             raise ValueError(f"backend must be host or cuda, not {self.backend!r}")
-        device_ids(self.devices)
+        if len(set(self.devices)) != len(self.devices) or min(self.devices, default=0) < 0:
+            raise ValueError(f"devices must be distinct non-negative ids, not {self.devices}")
 
     def run(self, compilation: Compilation) -> None:
         assignment = compilation.assignment
         assert assignment is not None
-        lowered = lower_to_ffi(
-            compilation.module,
-            compilation.pairs,
-            assignment.stream_of,
-            self.backend,
-            device_ids(self.devices),
+        lower_to_ffi(
+            compilation.module, compilation.pairs, assignment.stream_of, self.backend, self.devices
         )
-        if lowered:
-            compilation.restructured = True
-
-
-def device_ids(devices: str) -> tuple[int, ...]:
-    """``"3:1:2:0"`` -> (3, 1, 2, 0)."""
-    if not devices:
-        return ()
-    try:
-        ids = tuple(int(d) for d in devices.split(":"))
-    except ValueError:
-        raise ValueError(f"devices must be ':'-separated device ids, not {devices!r}") from None
-    if sorted(ids) != sorted(set(ids)) or min(ids) < 0:
-        raise ValueError(f"devices must be distinct non-negative ids, not {devices!r}")
-    return ids
 
 
 def lower_to_ffi(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from xla_streams.collectives import SYNC_PAIR_STREAM, AsyncPair, StreamAssignment
 from xla_streams.hlo import Module
-from xla_streams.pipeline import Compilation, Fact, ModulePass, VerificationError, register
+from xla_streams.passes.base import Compilation, Fact, ModulePass, VerificationError
 
 # Control-flow instructions and the attributes naming what they run, in the order
 # they run it (a while's condition before its body; one branch of a conditional).
@@ -29,7 +29,6 @@ _RUNS = {
 MAX_WALK = 20_000_000
 
 
-@register
 @dataclass(frozen=True)
 class VerifyStreams(ModulePass):
     name = "verify-streams"

@@ -19,7 +19,7 @@ from xla_streams import jax_compat
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "hlo_fixtures"
-SCRIPT = REPO / "scripts" / "make_fixtures.py"
+SCRIPT = REPO / "tools" / "make_fixtures.py"
 
 # `%name = <shape> opcode(%operand, ...` ; shapes may hold spaces only inside
 # tuples, which never contain '(' followed by a lowercase opcode and '(%'.

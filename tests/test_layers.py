@@ -1,5 +1,7 @@
-"""The layers of the package hold: each module imports only modules of its own layer or
-below, the import graph has no loop, and the compile hook never reaches the CLI.
+"""The architecture as a test: each module imports only its own layer or those below,
+no import loop runs between the parts of the package, the compile hook never reaches
+the CLI, JAX's internals are touched in ``jax_compat.py`` alone, and the tools use
+the package as any user's program would.
 
 Read from the source (``ast``), every import counted, those inside functions too.
 """
@@ -9,78 +11,86 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "xla_streams"
+REPO = Path(__file__).resolve().parents[1]
 
-# Lowest first. A module may import its own layer and the layers before it.
+# Lowest first. A module may import its own layer and the layers before it. An entry
+# is a part of the package (a subpackage or a top-level module) or, where one module
+# of a part sits lower than the rest, that module.
 LAYERS: list[set[str]] = [
     {"hlo"},  # the IR: imports nothing of ours
-    {"collectives", "_io", "_log", "xla_options", "jax_compat", "xla_module", "cli_flags"},
-    {"pipeline"},
-    {"passes"},
-    {"report", "simulate", "runtime"},
-    {"config", "hook", "aot", "programs", "tuning"},
-    {"plugin", "flags", "demo"},
+    {"collectives", "_io", "_log", "_text", "xla_options", "jax_compat", "runtime.abi"},
+    {"passes"},  # each pass, and their shared base
+    {"pipeline"},  # the registry, specs, the manager, settings -> passes
+    {"report", "simulate", "runtime", "aot", "programs"},
+    {"tuning"},  # JAX-free but for the compiles of its candidates
+    {"plugin"},  # reads tune results through tuning.result
     {"cli", "__main__"},
 ]
-# The one import upwards: the pass registry and default_pipeline load the pass
-# modules on first use (the passes import the pipeline's base class).
-ALLOWED_UPWARDS = {("pipeline", "passes")}
+_JAX_INTERNALS = ("jax._src", "jaxlib.")
 
 
-def _part(module: str) -> str:
-    """``xla_streams.simulate.html`` -> ``simulate``: the layer part of a module name."""
-    return module.split(".")[1] if module.count(".") else module
+def _modules() -> dict[str, Path]:
+    """Every module of the installed package (dotted name -> file); passes/ is mapped
+    to ``xla_streams.passes`` as pyproject.toml maps it."""
+    found = {}
+    for root, package in (
+        (REPO / "xla_streams", "xla_streams"),
+        (REPO / "passes", "xla_streams.passes"),
+    ):
+        for path in sorted(root.rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            found[".".join((package, *parts)).removesuffix(".__init__")] = path
+    return found
 
 
-def _imports() -> dict[str, set[str]]:
-    """Each module of the package (dotted) -> the xla_streams modules it imports."""
-    files = {
-        ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
-        for p in sorted(PACKAGE.rglob("*.py"))
-    }
-    graph: dict[str, set[str]] = {}
-    for name, path in files.items():
-        found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                found.add(node.module)
-                found |= {f"{node.module}.{a.name}" for a in node.names}  # submodules
-            elif isinstance(node, ast.Import):
-                found |= {a.name for a in node.names}
-        graph[name] = {m for m in found if m in files and m != "xla_streams"}
-    return graph
+def _imported(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names |= {f"{node.module}.{a.name}" for a in node.names}  # submodules
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+    return names
+
+
+def _graph() -> dict[str, set[str]]:
+    """Each module of the package -> the modules of the package it imports. The package
+    itself is left out: it only names the public API, loaded on first use (PEP 562)."""
+    modules = _modules()
+    del modules["xla_streams"]
+    return {m: {t for t in _imported(p) if t in modules and t != m} for m, p in modules.items()}
+
+
+def _entry(module: str) -> str:
+    """The LAYERS entry a module belongs to: the longest one that names it."""
+    inner = module.removeprefix("xla_streams.")
+    entries = [e for layer in LAYERS for e in layer if inner == e or inner.startswith(e + ".")]
+    assert entries, f"{module} is in no layer: add it to LAYERS"
+    return max(entries, key=len)
 
 
 def _layer(module: str) -> int:
-    part = _part(module)
-    for i, layer in enumerate(LAYERS):
-        if part in layer:
-            return i
-    raise AssertionError(f"{module} is in no layer: add it to LAYERS")
+    entry = _entry(module)
+    return next(i for i, layer in enumerate(LAYERS) if entry in layer)
 
 
 def test_every_import_goes_down_the_layers() -> None:
-    upwards = []
-    for module, imported in _imports().items():
-        if module == "xla_streams":
-            continue  # the package's lazy public names (PEP 562)
-        for target in imported:
-            edge = (_part(module), _part(target))
-            if _layer(target) > _layer(module) and edge not in ALLOWED_UPWARDS:
-                upwards.append(f"{module} imports {target}")
+    upwards = [
+        f"{module} imports {target}"
+        for module, targets in _graph().items()
+        for target in targets
+        if _layer(target) > _layer(module)
+    ]
     assert upwards == []
 
 
-def test_the_import_graph_has_no_loop_between_layers_parts() -> None:
+def test_no_import_loop_between_parts() -> None:
     graph: dict[str, set[str]] = {}
-    for module, imported in _imports().items():
-        if module != "xla_streams":
-            graph.setdefault(_part(module), set()).update(
-                _part(t) for t in imported if _part(t) != _part(module)
-            )
-    for start in graph:
-        if (start, "passes") in ALLOWED_UPWARDS:
-            graph[start].discard("passes")
+    for module, targets in _graph().items():
+        graph.setdefault(_entry(module), set()).update(
+            _entry(t) for t in targets if _entry(t) != _entry(module)
+        )
     seen: set[str] = set()
     stack: list[str] = []
 
@@ -99,13 +109,44 @@ def test_the_import_graph_has_no_loop_between_layers_parts() -> None:
 
 
 def test_the_compile_hook_never_reaches_the_cli() -> None:
-    graph = _imports()
+    graph = _graph()
     reached: set[str] = set()
-    todo = ["xla_streams.hook", "xla_streams.plugin"]
+    todo = ["xla_streams.plugin.hook", "xla_streams.plugin"]
     while todo:
         module = todo.pop()
-        if module in reached:
-            continue
-        reached.add(module)
-        todo.extend(t for t in graph.get(module, ()) if t in graph)
-    assert not {m for m in reached if _part(m) in ("cli", "demo")}
+        if module not in reached:
+            reached.add(module)
+            todo.extend(graph.get(module, ()))
+    assert not {m for m in reached if _entry(m) in ("cli", "__main__")}
+
+
+def test_jax_internals_are_touched_in_jax_compat_alone() -> None:
+    touching = set()
+    for module, path in _modules().items():
+        text = path.read_text()
+        if module != "xla_streams.jax_compat" and any(name in text for name in _JAX_INTERNALS):
+            touching.add(module)
+    assert touching == set()
+
+
+def test_tools_import_the_package_at_the_top_and_nothing_private() -> None:
+    private = []
+    for path in sorted((REPO / "tools").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        top_level = set(map(id, tree.body))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            ours = [n for n in names if n.split(".")[0] == "xla_streams"]
+            if ours and id(node) not in top_level:
+                private.append(f"{path.name}:{node.lineno} imports inside a function")
+            private += [
+                f"{path.name}:{node.lineno} {n}"
+                for n in ours
+                if any(part.startswith("_") for part in n.split(".")[1:])
+            ]
+    assert private == []

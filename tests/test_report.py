@@ -19,7 +19,8 @@ import pytest
 from xla_streams._io import atomic_write, atomic_write_many
 from xla_streams.collectives import StreamModel
 from xla_streams.hlo import parse_module
-from xla_streams.pipeline import Compilation, PassManager, default_pipeline
+from xla_streams.passes.base import Compilation
+from xla_streams.pipeline import PassManager, build_pipeline
 from xla_streams.report import (
     SCHEMA,
     build_report,
@@ -90,7 +91,7 @@ ENTRY %main (p: f32[1024]) -> f32[1024] {
 def compile_(
     streams: int = 4, policy: str = "interval", text: str = MODULE, model: StreamModel = JAX_11
 ) -> Compilation:
-    passes = default_pipeline(streams, policy, runtime=None, model=model)  # type: ignore[arg-type]
+    passes = build_pipeline(streams, policy, runtime=None, model=model)  # type: ignore[arg-type]
     return PassManager(passes).run(Compilation(parse_module(text, "mesh.hlo")))
 
 

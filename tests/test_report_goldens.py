@@ -3,7 +3,7 @@
 Each is recomputed with `xla-streams assign FIXTURE --streams=4 --policy=interval
 --json=...` and compared byte for byte; every golden is checked against the
 schema and, with plain text scans, against the fixture it describes.
-Regenerate with `python scripts/update_goldens.py` (see hlo_fixtures/README.md).
+Regenerate with `python tools/update_goldens.py` (see hlo_fixtures/README.md).
 """
 
 from __future__ import annotations
@@ -59,19 +59,19 @@ def test_fixtures_are_there() -> None:
 @pytest.mark.parametrize("fixture", ALL_FIXTURES, ids=lambda p: p.name)
 def test_golden_matches(fixture: Path, tmp_path: Path) -> None:
     assert golden_of(fixture).exists(), (
-        f"no golden for {fixture.name}: run python scripts/update_goldens.py"
+        f"no golden for {fixture.name}: run python tools/update_goldens.py"
     )
     code, text, errors = assign_json(fixture, tmp_path)
     assert code == 0, errors
     assert text == golden_of(fixture).read_text(), (
         f"the report of {fixture.name} changed; if that is intended, run "
-        f"python scripts/update_goldens.py {fixture.name} and review the diff"
+        f"python tools/update_goldens.py {fixture.name} and review the diff"
     )
 
 
 def test_every_golden_has_its_fixture() -> None:
     stale = {p.name for p in REPORTS.glob("*.json")} - {golden_of(f).name for f in ALL_FIXTURES}
-    assert not stale, f"goldens without a fixture (run python scripts/update_goldens.py): {stale}"
+    assert not stale, f"goldens without a fixture (run python tools/update_goldens.py): {stale}"
 
 
 # -- what the goldens say, checked against the fixtures' text ------------------------
@@ -156,20 +156,20 @@ def test_goldens_are_the_same_in_a_fresh_process(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     env = {**os.environ, "PYTHONHASHSEED": "4242"}
     subprocess.run(
-        [sys.executable, "-m", "xla_streams.cli", "assign", str(fixture), "--streams=4",
+        [sys.executable, "-m", "xla_streams", "assign", str(fixture), "--streams=4",
          "--policy=interval", "--json", str(out), "--quiet"],
         check=True, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert out.read_bytes() == golden_of(fixture).read_bytes()
 
 
-# -- scripts/update_goldens.py ---------------------------------------------------------
+# -- tools/update_goldens.py ---------------------------------------------------------
 
 
 @cache
 def update_goldens() -> ModuleType:
     spec = importlib.util.spec_from_file_location(
-        "update_goldens", REPO / "scripts" / "update_goldens.py"
+        "update_goldens", REPO / "tools" / "update_goldens.py"
     )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)

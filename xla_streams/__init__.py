@@ -9,7 +9,7 @@ environment, or from Python::
     xla_streams.disable()
     result = xla_streams.tune(build, devices=32, devices_per_host=8)  # find the settings
 
-Programs built on ``absl.app`` can ``import xla_streams.flags`` for
+Programs built on ``absl.app`` can ``import xla_streams.plugin.flags`` for
 ``--xla_streams_collective_streams=4`` and the other settings. Importing this
 package imports nothing else (PEP 562): the names below load on first use, so
 the command line starts fast and JAX is imported only where it is needed.
@@ -24,8 +24,8 @@ __version__ = "0.2.0"
 
 # Public name -> the module that defines it.
 _EXPORTS = {
-    "Config": "xla_streams.config",
-    "ConfigError": "xla_streams.config",
+    "Config": "xla_streams.plugin.settings",
+    "ConfigError": "xla_streams.plugin.settings",
     "collective_streams": "xla_streams.plugin",
     "current": "xla_streams.plugin",
     "disable": "xla_streams.plugin",
@@ -35,8 +35,8 @@ _EXPORTS = {
 __all__ = ["Config", "ConfigError", "collective_streams", "current", "disable", "enable", "tune"]
 
 if TYPE_CHECKING:
-    from xla_streams.config import Config, ConfigError
     from xla_streams.plugin import collective_streams, current, disable, enable
+    from xla_streams.plugin.settings import Config, ConfigError
     from xla_streams.tuning import tune
 
 

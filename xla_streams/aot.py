@@ -108,14 +108,11 @@ def path_independent_locations(
     fingerprint. The exclusions stay registered for the life of the process
     (jax has no way to remove one). Uses jax internals (jax 0.11/0.12).
     """
-    from jax._src import source_info_util
-
     # jax.config's options are dynamic attributes: typed as Any for strict mypy.
     config: Any = importlib.import_module("jax").config
 
     for path in exclude_files:
-        if path not in source_info_util._exclude_paths:
-            source_info_util.register_exclusion(path)
+        jax_compat.exclude_from_source_info(path)
     root = os.path.realpath(os.fspath(source_root)).rstrip(os.sep) + os.sep
     # Python records the path it was given; match the real and the given spelling.
     prefixes = sorted({root, os.path.abspath(os.fspath(source_root)).rstrip(os.sep) + os.sep})

@@ -28,7 +28,21 @@ from xla_streams.hlo.text import ScanError
 
 Policy = Literal["interval", "round-robin"]
 POLICIES: tuple[Policy, ...] = ("interval", "round-robin")
+DEFAULT_POLICY: Policy = "interval"
 MAX_STREAMS = 64
+DEFAULT_STREAMS = 4  # K when the user turns the plugin on without saying how many
+STREAM_COUNTS = (1, 2, 4, 8)  # the K that predictions and searches compare
+
+
+def check_streams(value: object) -> int:
+    """``value`` as a number of collective streams K; ValueError (one message for every
+    front end, which names where the value came from) unless an integer in 1..64."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_STREAMS:
+        raise ValueError(
+            f"the number of collective streams must be an integer from 1 to {MAX_STREAMS}, "
+            f"not {value!r}"
+        )
+    return value
 
 
 @dataclass(frozen=True)

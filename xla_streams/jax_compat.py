@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -130,3 +131,27 @@ def jax_version() -> tuple[int, ...]:
     """The installed jax's version as numbers, e.g. (0, 12, 0, 1)."""
     version = importlib.import_module("jax").__version__
     return tuple(int(part) for part in version.split(".") if part.isdigit())
+
+
+def backends_started() -> bool:
+    """True once JAX has created a backend (XLA has then parsed XLA_FLAGS)."""
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    return bridge is not None and bool(bridge.backends_are_initialized())
+
+
+def distributed_client() -> Any:
+    """The client of ``jax.distributed`` (its key-value store), or None in one process."""
+    return _private("jax._src.distributed").global_state.client
+
+
+def hlo_bindings() -> Any:
+    """jaxlib's HLO bindings: XLA's own text parser and printer."""
+    return _private("jaxlib._hlo")
+
+
+def exclude_from_source_info(path: str) -> None:
+    """Leave frames of ``path`` out of the source locations JAX records in HLO metadata
+    (for as long as the process lives: JAX has no way to remove one)."""
+    source_info_util = _private("jax._src.source_info_util")
+    if path not in source_info_util._exclude_paths:
+        source_info_util.register_exclusion(path)

@@ -1,115 +1,72 @@
-"""Passes, the registry, pipeline specs and the pass manager.
+"""The pass registry, pipeline specs, the pass manager and the default pipeline.
 
-A pass is a frozen dataclass: ``name`` says what it is called in a pipeline spec,
-its fields are its options, ``requires``/``ensures`` are the facts it needs
-before and guarantees after. The manager checks both around every pass and an
-error names the pass that failed. Specs read like xdsl-opt's:
-``find-async-pairs,assign-streams{streams=4,policy=interval},verify-streams``.
+Passes (``passes/``, the package ``xla_streams.passes``) are frozen dataclasses
+whose fields are their options (``xla_streams.passes.base``). :data:`PASSES`
+names each one and loads it on first use, as xDSL's registry does: the passes
+import their base, never this module, so nothing loops. Specs read like
+xdsl-opt's: ``find-async-pairs,assign-streams{streams=4,policy=interval},verify-streams``;
+they are parsed once into a :class:`PipelineSpec` and built into passes with
+typed options. The manager checks each pass's requires/ensures, and its errors
+name the pass that failed or the pass that would provide a missing fact.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
+import importlib
 import re
 import time
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
-from xla_streams.collectives import AsyncPair, Policy, StreamAssignment, StreamModel
-from xla_streams.hlo import HloError, Instruction, Module
-from xla_streams.hlo.attributes import decode, format_frontend_attributes, parse_frontend_attributes
-
-
-class Fact(enum.StrEnum):
-    """What a pass can rely on having been established before it."""
-
-    ASYNC_PAIRS = "async-pairs"
-    STREAMS_ASSIGNED = "streams-assigned"
-    STREAMS_VERIFIED = "streams-verified"
-    STREAMS_ANNOTATED = "streams-annotated"
+from xla_streams.collectives import DEFAULT_POLICY, Policy, StreamModel
+from xla_streams.hlo import HloError, Module
+from xla_streams.passes.base import (
+    Compilation,
+    Fact,
+    ModulePass,
+    PipelineError,
+    VerificationError,
+)
 
 
-@dataclass
-class Compilation:
-    """The module and what the passes have learned about it so far.
-
-    How the module changed decides how it goes back to XLA: frontend attribute
-    edits are written into XLA's own proto (nothing else of it is touched),
-    a restructured module is printed and parsed back.
-    """
-
-    module: Module
-    pairs: tuple[AsyncPair, ...] = ()
-    assignment: StreamAssignment | None = None
-    facts: set[Fact] = field(default_factory=set)
-    # Instruction name -> the frontend attributes set on it (key -> value).
-    frontend_attribute_edits: dict[str, dict[str, str]] = field(default_factory=dict)
-    restructured: bool = False  # instructions were added, removed or reordered
-
-    @property
-    def changed(self) -> bool:
-        return self.restructured or bool(self.frontend_attribute_edits)
-
-    def set_frontend_attribute(self, inst: Instruction, key: str, value: str) -> None:
-        """Set ``key="value"`` in the frontend attributes of ``inst`` (other keys stay)."""
-        if set_frontend_attribute(inst, key, value):
-            self.frontend_attribute_edits.setdefault(inst.name, {})[key] = value
-
-
-def set_frontend_attribute(inst: Instruction, key: str, value: str) -> bool:
-    """Set ``key="value"`` in the frontend attributes of ``inst``; False if already so."""
-    attributes = decode(inst, "frontend_attributes", parse_frontend_attributes) or {}
-    if attributes.get(key) == value:
-        return False
-    attributes[key] = value
-    inst.set_attribute("frontend_attributes", format_frontend_attributes(attributes))
-    return True
-
-
-class PipelineError(Exception):
-    """A pipeline that cannot be built or run as written (not bad HLO input)."""
-
-
-class VerificationError(Exception):
-    """An invariant of the stream assignment does not hold."""
-
-
-@dataclass(frozen=True)
-class ModulePass:
-    """Base of all passes; subclasses are frozen dataclasses registered by ``@register``."""
-
-    name: ClassVar[str]
-    requires: ClassVar[frozenset[Fact]] = frozenset()
-    ensures: ClassVar[frozenset[Fact]] = frozenset()
-
-    def run(self, compilation: Compilation) -> None:
-        raise NotImplementedError
-
-    def spec(self) -> str:
-        """This pass as it would be written in a pipeline spec."""
-        options = ",".join(
-            f"{f.name}={_spelled(getattr(self, f.name))}" for f in dataclasses.fields(self)
+def _lazy(module: str, cls: str) -> Callable[[], type[ModulePass]]:
+    def load() -> type[ModulePass]:
+        loaded: type[ModulePass] = getattr(
+            importlib.import_module(f"xla_streams.passes.{module}"), cls
         )
-        return f"{self.name}{{{options}}}" if options else self.name
+        return loaded
+
+    return load
 
 
-_REGISTRY: dict[str, type[ModulePass]] = {}
+# Every pass, by the name a spec gives it. Adding a pass: its file in passes/ and a line here.
+PASSES: dict[str, Callable[[], type[ModulePass]]] = {
+    "annotate-streams": _lazy("annotate_streams", "AnnotateStreams"),
+    "assign-streams": _lazy("assign_streams", "AssignStreams"),
+    "asyncify": _lazy("asyncify", "Asyncify"),
+    "find-async-pairs": _lazy("find_async_pairs", "FindAsyncPairs"),
+    "lower-to-ffi": _lazy("lower_to_ffi", "LowerToFfi"),
+    "verify-streams": _lazy("verify_streams", "VerifyStreams"),
+}
 
 
 def register[PassT: type[ModulePass]](cls: PassT) -> PassT:
-    if cls.name in _REGISTRY:
+    """Add a pass defined outside ``passes/`` (a user's own, a test's) under its name."""
+    if cls.name in PASSES:
         raise PipelineError(f"two passes are named '{cls.name}'")
-    _REGISTRY[cls.name] = cls
+    PASSES[cls.name] = lambda: cls
     return cls
 
 
-def registered_passes() -> dict[str, type[ModulePass]]:
-    import xla_streams.passes  # noqa: F401 - importing registers every pass
-
-    return dict(_REGISTRY)
+def pass_class(name: str) -> type[ModulePass]:
+    """The pass a spec calls ``name``; PipelineError naming the known ones otherwise."""
+    load = PASSES.get(name)
+    if load is None:
+        raise PipelineError(f"unknown pass '{name}'; known passes: {', '.join(sorted(PASSES))}")
+    return load()
 
 
 _PASS_NAME = re.compile(r"[a-z][a-z0-9-]*")
@@ -117,17 +74,63 @@ _PASS_NAME = re.compile(r"[a-z][a-z0-9-]*")
 
 @dataclass(frozen=True)
 class SpecItem:
-    """One pass as written in a spec: its name, its options as written, where it starts."""
+    """One pass of a spec: its name, the options it writes (typed as the pass's fields
+    are), and the column where it starts (1-based)."""
 
     name: str
-    options: dict[str, str]
-    column: int  # 1-based
+    options: Mapping[str, Any]
+    column: int
 
 
-def spec_items(spec: str) -> list[SpecItem]:
-    """The passes of a spec such as ``a,b{opt=1,other=x},c``, as written, unchecked
-    against the registry; raises PipelineError pointing at the column that is wrong."""
-    items: list[SpecItem] = []
+@dataclass(frozen=True)
+class PipelineSpec:
+    """A pipeline spec, parsed and checked once against the passes and their options;
+    :meth:`build` then gives its passes, with options it does not write taken from
+    typed defaults (the plugin's settings)."""
+
+    text: str
+    items: tuple[SpecItem, ...]
+
+    @classmethod
+    def parse(cls, text: str) -> PipelineSpec:
+        """Raises PipelineError: a syntax error points at its column; an unknown pass or
+        option, or a value of the wrong type, names the pass."""
+        items = []
+        for name, written, column in _spec_syntax(text):
+            pass_cls = pass_class(name)
+            options = _typed_options(pass_cls, written)
+            _construct(pass_cls, options)  # every value checked now, not at first use
+            items.append(SpecItem(name, options, column))
+        return cls(text.strip(), tuple(items))
+
+    def build(self, defaults: Mapping[str, Mapping[str, Any]] | None = None) -> list[ModulePass]:
+        """The passes, each with ``defaults[pass]`` under the options the spec writes."""
+        passes = []
+        for item in self.items:
+            pass_cls = pass_class(item.name)
+            fields = {f.name for f in dataclasses.fields(pass_cls)}
+            given = {k: v for k, v in (defaults or {}).get(item.name, {}).items() if k in fields}
+            passes.append(_construct(pass_cls, {**given, **item.options}))
+        return passes
+
+    def written(self, pass_name: str, option: str) -> set[Any]:
+        """The values the spec writes for ``option`` of every ``pass_name`` in it."""
+        return {
+            i.options[option] for i in self.items if i.name == pass_name and option in i.options
+        }
+
+    def has(self, pass_name: str) -> bool:
+        return any(i.name == pass_name for i in self.items)
+
+
+def parse_pipeline(spec: str) -> list[ModulePass]:
+    """The passes of a spec such as ``a,b{opt=1,other=x},c`` (``""``: no passes)."""
+    return PipelineSpec.parse(spec).build()
+
+
+def _spec_syntax(spec: str) -> Iterator[tuple[str, dict[str, str], int]]:
+    """(name, options as written, column) for each pass of a spec; PipelineError
+    pointing at the column that is wrong."""
     pos, end = 0, len(spec)
 
     def skip_space(i: int) -> int:
@@ -157,14 +160,13 @@ def spec_items(spec: str) -> list[SpecItem]:
                     )
                 options[key] = value
             pos = skip_space(close + 1)
-        items.append(SpecItem(name, options, column))
+        yield name, options, column
         if pos < end:
             if spec[pos] != ",":
                 raise _spec_error(spec, pos, "expected ',' between passes")
             pos = skip_space(pos + 1)
             if pos == end:
                 raise _spec_error(spec, pos, "expected a pass name after ','")
-    return items
 
 
 def _spec_error(spec: str, offset: int, message: str) -> PipelineError:
@@ -174,39 +176,21 @@ def _spec_error(spec: str, offset: int, message: str) -> PipelineError:
     )
 
 
-def parse_pipeline(
-    spec: str, defaults: Mapping[str, Mapping[str, Any]] | None = None
-) -> list[ModulePass]:
-    """Build the passes of a spec such as ``a,b{opt=1,other=x},c`` (``""``: no passes).
-
-    An option the spec does not write takes its value from ``defaults[pass][option]``
-    when given (the plugin's settings), else the pass's own default.
-    """
-    items = spec_items(spec)
-    passes = registered_passes() if items else {}  # importing the passes takes time
-    result: list[ModulePass] = []
-    for item in items:
-        if item.name not in passes:
-            known = ", ".join(sorted(passes))
-            raise PipelineError(f"unknown pass '{item.name}'; known passes: {known}")
-        given = dict((defaults or {}).get(item.name, {}))
-        result.append(_build(passes[item.name], item.options, given))
-    return result
-
-
-def _build(
-    cls: type[ModulePass], written: Mapping[str, str], given: Mapping[str, Any]
-) -> ModulePass:
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+def _typed_options(cls: type[ModulePass], written: Mapping[str, str]) -> dict[str, Any]:
+    fields = [f.name for f in dataclasses.fields(cls)]
     hints = typing.get_type_hints(cls)
-    values: dict[str, Any] = {k: v for k, v in given.items() if k in fields}
+    options: dict[str, Any] = {}
     for key, raw in written.items():
         if key not in fields:
             accepted = ", ".join(f"{k}=<{_type_name(hints[k])}>" for k in fields) or "none"
             raise PipelineError(f"pass '{cls.name}': bad option '{key}={raw}'; options: {accepted}")
-        values[key] = _convert(cls.name, key, raw, hints[key])
+        options[key] = _convert(cls.name, key, raw, hints[key])
+    return options
+
+
+def _construct(cls: type[ModulePass], options: Mapping[str, Any]) -> ModulePass:
     try:
-        return cls(**values)
+        return cls(**options)
     except (ValueError, TypeError) as e:
         raise PipelineError(f"pass '{cls.name}': {e}") from None
 
@@ -221,24 +205,22 @@ def _convert(pass_name: str, key: str, raw: str, hint: Any) -> Any:
         if raw not in ("true", "false"):
             raise PipelineError(f"pass '{pass_name}': {key} must be true or false, not '{raw}'")
         return raw == "true"
-    if hint is int:
-        try:
+    try:
+        if hint is int:
             return int(raw)
-        except ValueError:
-            raise PipelineError(
-                f"pass '{pass_name}': {key} must be an integer, not '{raw}'"
-            ) from None
+        if get_origin(hint) is tuple:  # device ids, written 3:1:2:0
+            return tuple(int(part) for part in raw.split(":")) if raw else ()
+    except ValueError:
+        what = "an integer" if hint is int else "':'-separated integers"
+        raise PipelineError(f"pass '{pass_name}': {key} must be {what}, not '{raw}'") from None
     return raw
-
-
-def _spelled(value: Any) -> str:
-    """An option's value as a spec writes it."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _type_name(hint: Any) -> str:
     if get_origin(hint) is Literal:
         return "|".join(get_args(hint))
+    if get_origin(hint) is tuple:
+        return "id:id:..."
     return getattr(hint, "__name__", str(hint))
 
 
@@ -281,9 +263,7 @@ class PassManager:
 
 
 def _providers(facts: set[Fact] | frozenset[Fact]) -> str:
-    names = [
-        f"'{name}'" for name, cls in sorted(registered_passes().items()) if cls.ensures & facts
-    ]
+    names = [f"'{name}'" for name in sorted(PASSES) if pass_class(name).ensures & facts]
     return " or ".join(names) or "a pass that establishes it"
 
 
@@ -301,35 +281,43 @@ def _check_ensured(p: ModulePass, compilation: Compilation) -> None:
 Runtime = Literal["xla", "host", "cuda"]
 
 
-def default_pipeline(
+def build_pipeline(
     streams: int,
-    policy: Policy = "interval",
+    policy: Policy = DEFAULT_POLICY,
     *,
     runtime: Runtime | None = "xla",
     model: StreamModel | None = None,
     devices: tuple[int, ...] = (),
+    spec: PipelineSpec | None = None,
 ) -> list[ModulePass]:
-    """The passes that give ``streams`` collective streams to a module's collectives.
+    """The passes that give ``streams`` collective streams to a module's collectives: the
+    one place where settings become passes.
 
     ``runtime`` says who then runs them: ``xla`` (native mode: annotations XLA
     honours), ``host``/``cuda`` (ffi mode: our custom calls; XLA:CPU's synchronous
     collectives are split first, and the CUDA runtime needs the module's
-    ``devices``), or None (assign and verify only, the module unchanged).
+    ``devices``), or None (assign and verify only, the module unchanged). A user's
+    ``spec`` replaces the default passes; the options it does not write come from
+    these same values.
     """
-    from xla_streams.passes.annotate_streams import AnnotateStreams
-    from xla_streams.passes.assign_streams import AssignStreams
-    from xla_streams.passes.asyncify import Asyncify
-    from xla_streams.passes.find_async_pairs import FindAsyncPairs
-    from xla_streams.passes.lower_to_ffi import LowerToFfi
-    from xla_streams.passes.verify_streams import VerifyStreams
-
     model = model or StreamModel()
-    if runtime in ("host", "cuda"):
-        model = dataclasses.replace(model, ffi=True)
-    passes: list[ModulePass] = [Asyncify()] if runtime == "host" else []
-    passes += [FindAsyncPairs.of(model), AssignStreams(streams, policy), VerifyStreams()]
+    ffi = runtime in ("host", "cuda")
+    model = dataclasses.replace(model, ffi=ffi)
+    options: dict[str, dict[str, Any]] = {
+        "find-async-pairs": {
+            "overlap_limit": model.overlap_limit,
+            "sync_on_compute": model.sync_on_compute,
+            "ffi": model.ffi,
+        },
+        "assign-streams": {"streams": streams, "policy": policy},
+        "lower-to-ffi": {"backend": runtime, "devices": devices} if ffi else {},
+    }
+    if spec is not None:
+        return spec.build(options)
+    names = ["asyncify"] if runtime == "host" else []
+    names += ["find-async-pairs", "assign-streams", "verify-streams"]
     if runtime == "xla":
-        passes.append(AnnotateStreams())
-    elif runtime is not None:
-        passes.append(LowerToFfi(runtime, ":".join(map(str, devices))))
-    return passes
+        names.append("annotate-streams")
+    elif ffi:
+        names.append("lower-to-ffi")
+    return [_construct(pass_class(name), options.get(name, {})) for name in names]

@@ -53,7 +53,7 @@ from xla_streams.collectives import (
     StreamAssignment,
     max_in_flight,
 )
-from xla_streams.pipeline import Compilation
+from xla_streams.passes.base import Compilation
 
 SCHEMA = "xla_streams.assignment.v2"
 INDEX_SCHEMA = "xla_streams.index.v1"

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 # At most this many async collectives in flight at once; 1 (the default) keeps one,
 # and then there is nothing to spread over streams.
 OVERLAP_LIMIT = "xla_gpu_experimental_parallel_collective_overlap_limit"
+XLA_DEFAULT_OVERLAP_LIMIT = 1
 # The same for collectives inside one NVLink domain (new in 0.11).
 SCALE_UP_OVERLAP_LIMIT = "xla_gpu_experimental_parallel_scale_up_collective_overlap_limit"
 # Communication streams an executable borrows: communication_stream[k] exists for k < this.

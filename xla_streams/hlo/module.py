@@ -214,8 +214,30 @@ class Instruction:
 
     # -- editing -----------------------------------------------------------------
 
+    def set_frontend_attribute(self, key: str, value: str) -> None:
+        """Set ``key="value"`` among the frontend attributes (other keys stay). The module
+        records the edit (``Module.frontend_attribute_edits``): all XLA needs to take it."""
+        from xla_streams.hlo.attributes import (
+            decode,
+            format_frontend_attributes,
+            parse_frontend_attributes,
+        )
+
+        attributes = decode(self, "frontend_attributes", parse_frontend_attributes) or {}
+        if attributes.get(key) == value:
+            return
+        attributes[key] = value
+        self._set(key="frontend_attributes", value=format_frontend_attributes(attributes))
+        edits = self.computation.module.frontend_attribute_edits
+        edits.setdefault(self.name, {})[key] = value
+
     def set_attribute(self, key: str, value: str) -> None:
-        """Set an attribute's raw value; a new key goes where XLA prints it."""
+        """Set an attribute's raw value; a new key goes where XLA prints it. The module is
+        then restructured: only a printed module can carry such an edit back to XLA."""
+        self._set(key, value)
+        self.computation.module.restructured = True
+
+    def _set(self, key: str, value: str) -> None:
         attributes = self.attributes
         if key not in attributes and key == "frontend_attributes":
             later = [k for k in attributes if k in _AFTER_FRONTEND_ATTRIBUTES]
@@ -393,27 +415,31 @@ class Computation:
         self.instructions.append(inst)
         self._by_name[inst.name] = inst
 
-    # -- editing (the only way passes change a computation) ------------------------
+    # -- editing (the only way passes change a computation; each records it) ---------
 
     def insert(self, index: int, inst: Instruction) -> None:
         """Schedule ``inst`` (made by ``Instruction.create``) at position ``index``."""
+        self.module.restructured = True
         self.instructions.insert(index, inst)
         self._by_name[inst.name] = inst
 
     def replace(self, old: Instruction, new: Instruction) -> None:
         """Put ``new`` where ``old`` is scheduled; ``old`` goes."""
+        self.module.restructured = True
         self.instructions[self.instructions.index(old)] = new
         if old.name != new.name:
             self._by_name.pop(old.name, None)
         self._by_name[new.name] = new
 
     def remove(self, inst: Instruction) -> None:
+        self.module.restructured = True
         self.instructions.remove(inst)
         self._by_name.pop(inst.name, None)
 
     def reschedule(self, instructions: list[Instruction]) -> None:
         """Make ``instructions`` the computation's schedule: its own, reordered, with
         new ones (``Instruction.create``) among them."""
+        self.module.restructured = True
         self.instructions[:] = instructions
         self._by_name = {inst.name: inst for inst in instructions}
 
@@ -451,6 +477,11 @@ class Module:
         self._header_attributes: dict[str, str] | None = None
         self._device_counts = (1, 1)  # (replica_count, num_partitions), checked
         self._reserved: set[str] | None = None  # instruction names, once unique_name asks
+        # What the edit methods changed, which decides how the module goes back to XLA:
+        # frontend attribute edits are written into XLA's own proto (nothing else of it
+        # is touched); a restructured module is printed and parsed back.
+        self.frontend_attribute_edits: dict[str, dict[str, str]] = {}  # name -> key -> value
+        self.restructured = False  # instructions added, removed, reordered or re-attributed
 
     def __repr__(self) -> str:
         return f"<Module {self.name}: {len(self.computations)} computations>"
@@ -461,6 +492,10 @@ class Module:
             if comp.is_entry:
                 return comp
         raise HloError("module has no ENTRY computation", path=self.path, line=1, column=1)
+
+    @property
+    def changed(self) -> bool:
+        return self.restructured or bool(self.frontend_attribute_edits)
 
     def unique_name(self, base: str) -> str:
         """``base``, or ``base.N`` for the first N no instruction of the module has (HLO

@@ -32,6 +32,7 @@ import threading
 from dataclasses import dataclass
 from typing import Literal
 
+from xla_streams import jax_compat
 from xla_streams.runtime.errors import BuildError
 
 Backend = Literal["host", "cuda"]
@@ -173,12 +174,11 @@ _kv_callbacks: list[object] = []
 def _configure_cuda(lib: ctypes.CDLL) -> None:
     """Stream priority, local device ids and (multi-process) the key-value store."""
     import jax
-    from jax._src import distributed
 
     lib.xs_cuda_set_stream_priority.argtypes = [ctypes.c_char_p]
     lib.xs_cuda_set_global_id.argtypes = [ctypes.c_int, ctypes.c_int64]
     set_stream_priority(os.environ.get("XLA_STREAMS_CUDA_STREAM_PRIORITY", "high"), lib)
-    client = distributed.global_state.client
+    client = jax_compat.distributed_client()
     if client is None:
         return  # one process: device ids are ordinals, NCCL ids are shared in-process
     for device in jax.local_devices(backend="gpu"):

@@ -1,4 +1,4 @@
-"""Build the runtime's native libraries from ``csrc/``.
+"""Build the runtime's native libraries from ``csrc/`` beside this file.
 
     python -m xla_streams.runtime.build            # host library (and CUDA if found)
     python -m xla_streams.runtime.build --cuda     # CUDA library, or say why not
@@ -75,15 +75,11 @@ LIBRARIES = {
 
 
 def source_dir() -> Path:
-    """``csrc/``: packaged as ``xla_streams/runtime/csrc`` or beside the package in a checkout."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "csrc", here.parent.parent / "csrc"):
-        if (candidate / "common.h").is_file():
-            return candidate
-    raise BuildError(
-        f"xla_streams: the runtime's C++ sources (csrc/) are missing; looked in {here / 'csrc'} "
-        f"and {here.parent.parent / 'csrc'}"
-    )
+    """``xla_streams/runtime/csrc/``, beside this file in a checkout and in the wheel."""
+    csrc = Path(__file__).resolve().parent / "csrc"
+    if not (csrc / "common.h").is_file():
+        raise BuildError(f"xla_streams: the runtime's C++ sources are missing from {csrc}")
+    return csrc
 
 
 def cache_dir() -> Path:

@@ -10,7 +10,7 @@ multiplies each prediction by its class's ratio. Schema
       "schema": "xla_streams.calibration.v1",
       "provenance": {"gpu": "NVIDIA H200", "jax": "0.11.2", "date": "2026-08-30",
                      "program": "transformer_step, one device's program",
-                     "tool": "scripts/gpu_check.py"},
+                     "tool": "tools/gpu_check.py"},
       "targets": {
         "h200": {"matmul": 1.31, "memory": 0.92, "collective": {"all-reduce": 1.1}}
       }
@@ -23,7 +23,7 @@ together). A class left out keeps ratio 1. ``provenance`` records where the
 numbers were measured (free-form strings; ``gpu``, ``jax``, ``date`` and
 ``program`` are expected).
 
-Producing one: ``python scripts/gpu_check.py OUT_DIR`` on a machine with an
+Producing one: ``python tools/gpu_check.py OUT_DIR`` on a machine with an
 NVIDIA GPU writes ``OUT_DIR/calibration.json`` (compute classes only: collective
 ratios need two or more GPUs; take them from NCCL's own tests and add them by
 hand). Using one: ``xla-streams simulate IN.hlo --target=h200
@@ -177,7 +177,7 @@ def compare_kernel_classes(
     simulator charges that were measured (collectives and control flow are not).
 
     Each instruction counts once: for a program whose loops are unrolled (as the
-    embedded ones calibrated by ``scripts/gpu_check.py``) that is one step.
+    embedded ones calibrated by ``tools/gpu_check.py``) that is one step.
     ``target`` should be uncalibrated, so that the ratios are against the model.
     """
     totals = {c: ClassTimes(0.0, 0.0, 0) for c in COMPUTE_CLASSES}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from xla_streams._io import atomic_write_many
 from xla_streams.collectives import POLICIES
-from xla_streams.pipeline import Compilation, Fact
+from xla_streams.passes.base import Compilation, Fact
 from xla_streams.simulate.html import render_html
 from xla_streams.simulate.simulator import SimResult, Simulator, WhatIf, what_if
 from xla_streams.simulate.targets import Target, get_target

@@ -1,0 +1,74 @@
+"""What every pass shares: the facts passes establish, the compilation they work on,
+the base class, and the errors a pass raises.
+
+A pass is a frozen dataclass: ``name`` says what it is called in a pipeline spec,
+its fields are its options, ``requires``/``ensures`` are the facts it needs
+before and guarantees after (:mod:`xla_streams.pipeline` checks both around every
+pass and names the pass that failed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from xla_streams.collectives import AsyncPair, StreamAssignment
+from xla_streams.hlo import Module
+
+
+class Fact(enum.StrEnum):
+    """What a pass can rely on having been established before it."""
+
+    ASYNC_PAIRS = "async-pairs"
+    STREAMS_ASSIGNED = "streams-assigned"
+    STREAMS_VERIFIED = "streams-verified"
+    STREAMS_ANNOTATED = "streams-annotated"
+
+
+@dataclass
+class Compilation:
+    """The module and what the passes have learned about it so far. What changed in
+    the module, the module itself records (``Module.changed``)."""
+
+    module: Module
+    pairs: tuple[AsyncPair, ...] = ()
+    assignment: StreamAssignment | None = None
+    facts: set[Fact] = field(default_factory=set)
+
+
+class PipelineError(Exception):
+    """A pipeline that cannot be built or run as written (not bad HLO input)."""
+
+
+class VerificationError(Exception):
+    """An invariant of the stream assignment does not hold."""
+
+
+@dataclass(frozen=True)
+class ModulePass:
+    """Base of all passes; each is listed by name in ``xla_streams.pipeline.PASSES``."""
+
+    name: ClassVar[str]
+    requires: ClassVar[frozenset[Fact]] = frozenset()
+    ensures: ClassVar[frozenset[Fact]] = frozenset()
+
+    def run(self, compilation: Compilation) -> None:
+        raise NotImplementedError
+
+    def spec(self) -> str:
+        """This pass as it would be written in a pipeline spec."""
+        options = ",".join(
+            f"{f.name}={spelled(getattr(self, f.name))}" for f in dataclasses.fields(self)
+        )
+        return f"{self.name}{{{options}}}" if options else self.name
+
+
+def spelled(value: object) -> str:
+    """An option's value as a spec writes it (a device list as ``3:1:2:0``)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return ":".join(map(str, value))
+    return str(value)

@@ -1,0 +1,54 @@
+"""Golden IR-in/IR-out tests: each file in hlo_fixtures/filecheck/ holds its own
+`// RUN:` lines (as in LLVM's lit) and FileCheck directives."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FILECHECK_DIR = Path(__file__).resolve().parents[2] / "hlo_fixtures" / "filecheck"
+CASES = [
+    (path, run)
+    for path in sorted(FILECHECK_DIR.glob("*.hlo"))
+    for run in [
+        line.removeprefix("// RUN:").strip()
+        for line in path.read_text().splitlines()
+        if line.startswith("// RUN:")
+    ]
+]
+
+
+def test_every_golden_file_has_a_run_line() -> None:
+    files = sorted(FILECHECK_DIR.glob("*.hlo"))
+    assert files
+    assert {path for path, _ in CASES} == set(files)
+
+
+@pytest.mark.parametrize(
+    ("path", "command"), CASES, ids=[f"{p.stem}:{i}" for i, (p, _) in enumerate(CASES)]
+)
+def test_golden(path: Path, command: str) -> None:
+    # `[not] PRODUCER | filecheck ...`, as in lit: `not` means PRODUCER must fail.
+    producer, _, consumer = command.replace("%s", shlex.quote(str(path))).partition(" | ")
+    must_fail = producer.startswith("not ")
+    produced = _bash(producer.removeprefix("not "))
+    assert (produced.returncode != 0) == must_fail, f"{producer}\n{produced.stderr}"
+    checked = _bash(consumer, stdin=produced.stdout)
+    assert checked.returncode == 0, f"{command}\n{checked.stdout}\n{checked.stderr}"
+
+
+def _bash(command: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    bin_dir = str(Path(sys.executable).parent)
+    return subprocess.run(
+        ["bash", "-c", command],
+        input=stdin,
+        env={**os.environ, "PATH": bin_dir + os.pathsep + os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )

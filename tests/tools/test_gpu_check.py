@@ -1,0 +1,228 @@
+"""tools/gpu_check.py without a GPU: its dry run, its refusal to run without one, and
+the parts of it that read files (profiler traces, thunk dumps, XLA's log), so that the
+GPU's few minutes go to measuring, not to debugging the script."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from xla_streams.simulate.calibration import load_calibration
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "tools" / "gpu_check.py"
+RECORD_KEYS = {"name", "passed", "figures", "seconds", "error", "proves", "does_not_prove"}
+
+
+def _script() -> Any:
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+check = _script()
+
+
+def test_dry_run_plans_and_runs_what_needs_no_gpu(tmp_path: Path) -> None:
+    begin = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path / "out"), "--dry-run"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert time.monotonic() - begin < 20
+    for step in ("build", "native K=2 and K=4", "ffi", "calibrate", "overhead"):
+        assert step in result.stdout
+    report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert report["schema"] == "xla_streams.gpu_check.v1" and report["dry_run"] is True
+    assert "python" in report["versions"] and "jax" in report["versions"]
+    checks = {c["name"]: c for c in report["checks"]}
+    assert list(checks) == ["build", "native", "ffi", "calibration", "plugin_overhead"]
+    for record in checks.values():
+        assert set(record) == RECORD_KEYS
+        assert record["proves"] and record["does_not_prove"]
+    # The GPU checks did not run; the calibration path ran end to end on a fixture.
+    assert {checks[n]["passed"] for n in ("build", "native", "ffi", "plugin_overhead")} == {None}
+    calibration = checks["calibration"]
+    assert calibration["passed"] is True, calibration
+    assert calibration["figures"]["ratios"] == check.DRY_RUN_RATIOS
+    written = load_calibration(tmp_path / "out" / "calibration.json")
+    assert written.ratios == {"h200": check.DRY_RUN_RATIOS}
+    assert written.provenance["tool"] == "tools/gpu_check.py --dry-run"
+
+
+def test_without_a_gpu_nothing_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(check, "gpu_present", lambda: False)
+    assert check.main([str(tmp_path / "out")]) == 2
+    assert "no NVIDIA GPU here" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit) as usage:
+        check.main([str(tmp_path / "out"), "--budget", "10"])
+    assert usage.value.code == 2
+
+
+def test_a_check_that_raises_is_recorded_not_fatal(tmp_path: Path) -> None:
+    def broken(record: Any) -> None:
+        record.figures["before"] = 1
+        raise RuntimeError("the child died")
+
+    record = check.run_check(check.new_record("ffi"), broken, tmp_path)
+    assert record.passed is False and "the child died" in record.error
+    assert record.figures == {"before": 1}
+    assert "the child died" in (tmp_path / "logs" / "ffi.txt").read_text()
+
+
+def test_budget_keeps_time_for_later_checks() -> None:
+    budget = check.Budget(100)
+    assert budget.grant(30, 50) == 30
+    assert 49 < budget.grant(80, 50) <= 50
+    assert budget.grant(30, 200) == 0
+
+
+# A trace as jax.profiler writes it (Chrome format): a GPU with a compute stream and two
+# collective streams, its derived "XLA Ops" line, and the host.
+def _trace(on_streams: dict[str, int]) -> dict[str, Any]:
+    meta = [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+        {"ph": "M", "name": "process_name", "pid": 9, "args": {"name": "/host:CPU"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "Stream #7(Compute)"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 13, "args": {"name": "Stream #13"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 14, "args": {"name": "Stream #14"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 900, "args": {"name": "XLA Ops"}},
+    ]  # fmt: skip
+
+    def kernel(tid: int, op: str, ts: float, dur: float, pid: int = 1) -> dict[str, Any]:
+        return {"ph": "X", "pid": pid, "tid": tid, "name": f"k_{op}", "ts": ts, "dur": dur,
+                "args": {"hlo_op": op}}  # fmt: skip
+
+    events = [
+        kernel(7, "fusion.1", 0, 100),
+        kernel(7, "custom-call.2", 100, 300),
+        kernel(900, "fusion.1", 0, 100),  # the derived line repeats the kernel
+        kernel(0, "fusion.1", 0, 5, pid=9),  # the host launching it
+    ]
+    for i, (op, tid) in enumerate(on_streams.items()):
+        events.append(kernel(tid, op, 50 + 10 * i, 200))
+    return {"traceEvents": meta + events}
+
+
+REPORT = {
+    "module": "jit_step",
+    "collectives": [
+        {"start": "all-gather-start", "done": "all-gather-done", "stream": 0},
+        {"start": "all-reduce-start", "done": "all-reduce-done", "stream": 1},
+        {"start": "sync", "done": "sync.done", "stream": None},
+    ],
+}
+
+
+def test_kernels_per_instruction_from_a_profiler_trace() -> None:
+    kernels, found = check.gpu_kernels(_trace({"all-gather-start": 13}))
+    assert found["gpu_processes"] == ["/device:GPU:0"]
+    assert found["stream_lines"] == ["Stream #13", "Stream #14", "Stream #7(Compute)"]
+    # Only the CUDA streams' kernels: not the derived line's copy, not the host.
+    assert sorted(k.hlo_op for k in kernels) == ["all-gather-start", "custom-call.2", "fusion.1"]
+    per_step = check.seconds_by_instruction(kernels, steps=2)
+    assert per_step["custom-call.2"] == pytest.approx(150e-6)
+
+
+def test_profile_placement() -> None:
+    def placement(streams: dict[str, int]) -> dict[str, Any]:
+        return check.profile_placement(check.gpu_kernels(_trace(streams))[0], REPORT)
+
+    good = placement({"all-gather-start": 13, "all-reduce-start": 14})
+    assert good["readable"] and good["passed"], good
+    assert good["cuda_streams_by_report_stream"] == {"0": ["1/13"], "1": ["1/14"]}
+    assert good["overlapping_pairs_on_different_streams"] == 1
+    assert not placement({"all-gather-start": 13, "all-reduce-start": 13})["passed"]
+    assert not placement({"all-gather-start": 7, "all-reduce-start": 14})["passed"]  # on compute
+    mocked = placement({})
+    assert mocked["readable"] is False and "no kernel" in mocked["why"]
+
+
+def test_trace_files_are_found_where_jax_writes_them(tmp_path: Path) -> None:
+    run = tmp_path / "plugins" / "profile" / "2026_08_30_12_00_00"
+    run.mkdir(parents=True)
+    with pytest.raises(FileNotFoundError):
+        check.find_trace(tmp_path)
+    with gzip.open(run / "host.trace.json.gz", "wt") as f:
+        json.dump(_trace({}), f)
+    assert check.find_trace(tmp_path) == run / "host.trace.json.gz"
+    assert check.load_trace(check.find_trace(tmp_path))["traceEvents"]
+
+
+def test_thunk_dump_and_debug_options(tmp_path: Path) -> None:
+    (tmp_path / "module_0003.jit_step.thunk_sequence.txt").write_text(
+        "002: kAsyncStart   [source | next=005 (3) ] stream=communication_stream[0], async_id=2\n"
+        "013: kAsyncStart   [prev=010 (1) | next=022 (6)] stream=communication_stream[1], "
+        "async_id=13\n"
+    )
+    (tmp_path / "module_0003.jit_step.thunk_metadata.txt").write_text(
+        'thunk_metadata {\n  thunk_info {\n    profile_annotation: "all-gather-start"\n'
+        "    thunk_id: 2\n  }\n}\n"
+        'thunk_metadata {\n  thunk_info {\n    profile_annotation: "all-reduce-start"\n'
+        "    thunk_id: 13\n  }\n}\n"
+    )
+    ok, why = check.check_thunks(str(tmp_path), REPORT)
+    assert ok and "communication_stream[0, 1]" in why
+    swapped = json.loads(json.dumps(REPORT))
+    swapped["collectives"][0]["stream"] = 1
+    assert not check.check_thunks(str(tmp_path), swapped)[0]
+    assert not check.check_thunks(str(tmp_path / "missing"), REPORT)[0]
+    (tmp_path / "module_0003.jit_step.debug_options").write_text(
+        "xla_gpu_experimental_parallel_collective_overlap_limit: 2\n"
+        "xla_gpu_executable_num_communication_streams: 2\n"
+    )
+    assert check.check_debug_options(str(tmp_path), "jit_step", 2)[0]
+    assert not check.check_debug_options(str(tmp_path), "jit_step", 4)[0]
+
+
+def test_xlas_runtime_log() -> None:
+    line = (
+        "I0830 12:00:00.1 77 async_thunk.cc:70] [{d}] Execute async for `{n}`: "
+        "stream_id={k}, stream={p}"
+    )
+    log = "\n".join(
+        line.format(d=d, n=n, k=k, p=f"0x{d}{k}0")
+        for d in (0, 1)
+        for n, k in (("all-gather-start", 0), ("all-reduce-start", 1), ("sync", 0))
+    )
+    ok, why = check.check_runtime_log(log, REPORT)
+    assert ok, why
+    wrong = log.replace("`all-reduce-start`: stream_id=1", "`all-reduce-start`: stream_id=0")
+    assert not check.check_runtime_log(wrong, REPORT)[0]
+    one_stream = log.replace("stream=0x010", "stream=0x000")
+    assert not check.check_runtime_log(one_stream, REPORT)[0]
+    assert not check.check_runtime_log("nothing ran", REPORT)[0]
+
+
+def test_calibrate_recovers_known_ratios() -> None:
+    from xla_streams.hlo import parse_module
+    from xla_streams.simulate import Simulator, get_target
+
+    text = check.DRY_RUN_MODULE.read_text()
+    kernels = Simulator(parse_module(text), get_target("h200")).kernels()
+    # Measured: matmuls 2x, memory-bound kernels 0.5x the model, one kernel missing.
+    measured = {
+        name: seconds * {"matmul": 2.0, "memory": 0.5}[kind]
+        for name, (kind, seconds) in sorted(kernels.items())[1:]
+        if kind in ("matmul", "memory")
+    }
+    calibration, figures = check.calibrate(text, measured, 1e-3, {"gpu": "test"})
+    assert calibration.ratios == {"h200": {"matmul": 2.0, "memory": 0.5}}
+    step = figures["step"]
+    assert step["measured_ms"] == 1.0
+    assert step["calibrated_compute_ms"] != step["predicted_compute_ms"]

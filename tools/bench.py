@@ -1,0 +1,380 @@
+"""Benchmarks of xla_streams against XLA's own HLO text tools, as ratios.
+
+One run prints one table: for every section, the median of ``--repeat`` timed
+runs of ours and of the reference (runs interleaved, after one warm-up each),
+and the ratio ours / reference against the section's target::
+
+    python tools/bench.py                      # the largest hlo_fixtures/*.hlo
+    python tools/bench.py path/to/module.hlo --repeat 9
+    python tools/bench.py --only parse-print --profile parse-print
+    python tools/bench.py --list
+
+Sections (``--only NAME``, repeatable):
+
+  parse-print          in-process: parse_module(text).print() vs
+                       jaxlib._hlo.hlo_module_from_text(text).to_string()
+  parse-print-process  whole processes: `python -c` parse + print with our front end
+                       (which must not import jax) vs the same with jaxlib's parser
+  opt                  whole process: `xla-streams opt IN -p ''` (parse, print, write)
+                       vs XLA's parse + print whole process (target 0.6)
+  assign               whole process: `xla-streams assign IN --streams=4` (module + JSON
+                       written) vs XLA's parse + print whole process
+
+jax >= 0.11 prints an async all-reduce with an attribute its own parser rejects
+(``output_to_operand_aliasing={{1}: (0, {})}``): XLA is given the text without it.
+
+To add a section, write two ``(Bench) -> Callable[[], None]`` factories (set-up
+outside the returned callable, the timed work inside it) and append a
+``Section`` to ``SECTIONS``.
+
+``--check`` makes the exit status 1 when a ratio misses its target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import cProfile
+import gc
+import os
+import platform
+import pstats
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "hlo_fixtures"
+
+Timed = Callable[[], None]
+
+
+@dataclass
+class Bench:
+    """What every section gets: the input and a scratch directory."""
+
+    path: Path
+    text: str
+    tmp: Path
+    python: str = sys.executable
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    title: str
+    target: float  # the ratio ours / reference must stay at or below this
+    ours: Callable[[Bench], Timed]
+    reference: Callable[[Bench], Timed]
+    ours_command: Callable[[Bench], str]
+    reference_command: Callable[[Bench], str]
+    in_process: bool = False  # --profile works only for in-process sections
+
+
+# -- in-process parse + print ---------------------------------------------------------
+
+
+def _clear_front_end_caches() -> None:
+    """Forget shapes seen by earlier runs, so every run parses from cold."""
+    from xla_streams.hlo import module, shape
+
+    cached = getattr(shape.parse_shape, "cache_clear", None)
+    if cached is not None:
+        cached()
+    seen = getattr(module, "_SHAPES_SEEN", None)
+    if isinstance(seen, set):
+        seen.clear()
+
+
+def ours_parse_print(b: Bench) -> Timed:
+    from xla_streams.hlo import parse_module
+
+    text, path = b.text, str(b.path)
+
+    def run() -> None:
+        _clear_front_end_caches()
+        out = parse_module(text, path).print()
+        assert len(out) == len(text)
+
+    return run
+
+
+def xla_parse_print(b: Bench) -> Timed:
+    from jaxlib import _hlo
+
+    text = re.sub(UNPARSABLE, "", b.text)
+
+    def run() -> None:
+        _hlo.hlo_module_from_text(text).to_string()
+
+    return run
+
+
+# -- whole processes ---------------------------------------------------------------------
+
+# Both read the file, parse it and print it to a string; neither writes anything.
+OURS_SNIPPET = """\
+import sys
+from xla_streams.hlo import parse_module
+path = sys.argv[1]
+with open(path, encoding="utf-8", newline="") as f:
+    text = f.read()
+out = parse_module(text, path).print()
+assert len(out) == len(text)
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "jaxlib", "numpy"))
+if heavy:
+    sys.exit(f"our parse + print imported {heavy[:5]}")
+"""
+UNPARSABLE = r", output_to_operand_aliasing=\{\{1\}: \(0, \{\}\)\}"
+XLA_SNIPPET = f"""\
+import re, sys
+from jaxlib import _hlo
+with open(sys.argv[1], encoding="utf-8", newline="") as f:
+    text = re.sub({UNPARSABLE!r}, "", f.read())
+_hlo.hlo_module_from_text(text).to_string()
+"""
+
+
+def _process(argv: list[str], env: dict[str, str]) -> Timed:
+    def run() -> None:
+        result = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"{shlex.join(argv)} exited {result.returncode}:\n{result.stderr}")
+
+    return run
+
+
+def _ours_process_argv(b: Bench) -> list[str]:
+    return [b.python, "-c", OURS_SNIPPET, str(b.path)]
+
+
+def _xla_process_argv(b: Bench) -> list[str]:
+    return [b.python, "-c", XLA_SNIPPET, str(b.path)]
+
+
+def ours_parse_print_process(b: Bench) -> Timed:
+    return _process(_ours_process_argv(b), b.env)
+
+
+def xla_parse_print_process(b: Bench) -> Timed:
+    return _process(_xla_process_argv(b), b.env)
+
+
+def _snippet_command(argv: list[str], what: str) -> str:
+    return f"{shlex.quote(argv[0])} -c <{what}> {shlex.quote(argv[-1])}"
+
+
+# -- xla-streams assign ---------------------------------------------------------------------
+
+
+def _assign_argv(b: Bench) -> list[str]:
+    out, js = b.tmp / "assign.out.hlo", b.tmp / "assign.out.json"
+    return [
+        b.python, "-m", "xla_streams", "assign", str(b.path),
+        "--streams=4", f"--output={out}", f"--json={js}",
+    ]  # fmt: skip
+
+
+def ours_assign(b: Bench) -> Timed:
+    return _process(_assign_argv(b), b.env)
+
+
+def _opt_argv(b: Bench) -> list[str]:
+    out = b.tmp / "opt.out.hlo"
+    return [b.python, "-m", "xla_streams", "opt", str(b.path), "-p", "", f"--output={out}"]
+
+
+def ours_opt(b: Bench) -> Timed:
+    return _process(_opt_argv(b), b.env)
+
+
+SECTIONS: list[Section] = [
+    Section(
+        name="parse-print",
+        title="parse + print, in-process",
+        target=1.0,
+        ours=ours_parse_print,
+        reference=xla_parse_print,
+        ours_command=lambda b: "xla_streams.hlo.parse_module(text).print()",
+        reference_command=lambda b: "jaxlib._hlo.hlo_module_from_text(text).to_string()",
+        in_process=True,
+    ),
+    Section(
+        name="parse-print-process",
+        title="parse + print, whole process",
+        target=1.0,
+        ours=ours_parse_print_process,
+        reference=xla_parse_print_process,
+        ours_command=lambda b: _snippet_command(_ours_process_argv(b), "our parse+print"),
+        reference_command=lambda b: _snippet_command(_xla_process_argv(b), "jaxlib parse+print"),
+    ),
+    Section(
+        name="opt",
+        title="xla-streams opt -p '' vs XLA parse + print, whole process",
+        target=0.6,
+        ours=ours_opt,
+        reference=xla_parse_print_process,
+        ours_command=lambda b: shlex.join(_opt_argv(b)),
+        reference_command=lambda b: _snippet_command(_xla_process_argv(b), "jaxlib parse+print"),
+    ),
+    Section(
+        name="assign",
+        title="xla-streams assign vs XLA parse + print, whole process",
+        target=1.5,
+        ours=ours_assign,
+        reference=xla_parse_print_process,
+        ours_command=lambda b: shlex.join(_assign_argv(b)),
+        reference_command=lambda b: _snippet_command(_xla_process_argv(b), "jaxlib parse+print"),
+    ),
+]
+
+
+# -- running -------------------------------------------------------------------------------
+
+
+def largest_fixture() -> Path:
+    candidates = sorted(FIXTURES.glob("*.hlo"), key=lambda p: p.stat().st_size, reverse=True)
+    if not candidates:
+        raise SystemExit(f"no {FIXTURES}/*.hlo: pass the module to benchmark as an argument")
+    return candidates[0]
+
+
+def measure(fn: Timed) -> float:
+    gc.collect()
+    begin = time.perf_counter()
+    fn()
+    return time.perf_counter() - begin
+
+
+def run_section(section: Section, bench: Bench, repeat: int) -> tuple[list[float], list[float]]:
+    ours, reference = section.ours(bench), section.reference(bench)
+    measure(ours)  # warm-up: imports, page cache
+    measure(reference)
+    ours_times, reference_times = [], []
+    for _ in range(repeat):  # interleaved, so drifting machine load hits both alike
+        ours_times.append(measure(ours))
+        reference_times.append(measure(reference))
+    return ours_times, reference_times
+
+
+def profile(section: Section, bench: Bench, top: int) -> None:
+    fn = section.ours(bench)
+    fn()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(3):
+        fn()
+    profiler.disable()
+    print(f"\ncProfile of ours in '{section.name}' (3 runs), by own time:")
+    stats = pstats.Stats(profiler, stream=sys.stdout)
+    stats.strip_dirs().sort_stats("tottime").print_stats(top)
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:9.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "hlo", nargs="?", type=Path, help="module to benchmark (default: largest fixture)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=7, help="timed runs per side (>= 5; default 7)"
+    )
+    parser.add_argument(
+        "--only", action="append", default=[], metavar="NAME", help="run this section only"
+    )
+    parser.add_argument("--list", action="store_true", help="list the sections and exit")
+    parser.add_argument(
+        "--profile",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="cProfile our side of this in-process section after timing it",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 when a ratio misses its target"
+    )
+    args = parser.parse_args(argv)
+
+    by_name = {s.name: s for s in SECTIONS}
+    if args.list:
+        for s in SECTIONS:
+            print(f"{s.name:22s} target <= {s.target:.1f}x  {s.title}")
+        return 0
+    unknown = [n for n in args.only + args.profile if n not in by_name]
+    if unknown:
+        parser.error(f"unknown section(s) {unknown}; sections: {', '.join(by_name)}")
+    if args.repeat < 5:
+        parser.error("--repeat must be at least 5 (the table reports medians)")
+    chosen = [by_name[n] for n in args.only] if args.only else SECTIONS
+
+    path = (args.hlo or largest_fixture()).resolve()
+    text = path.read_bytes().decode("utf-8")
+    # Processes start as they do for a user: from compiled bytecode (jax's was compiled
+    # when pip installed it; ours is compiled here), whatever this shell says.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    compileall.compile_dir(REPO / "xla_streams", quiet=1)
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+    print("command:", shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(argv))
+    print(f"input:   {path} ({len(text.encode()) / 1e6:.2f} MB, {text.count(chr(10))} lines)")
+    print(f"python:  {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs")
+    try:
+        import jaxlib
+
+        print(f"jaxlib:  {jaxlib.__version__}")
+    except ImportError:
+        print("jaxlib:  not installed (the reference sides cannot run)")
+    print(f"runs:    median of {args.repeat} per side, interleaved, after one warm-up each\n")
+
+    rows = []
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="xla_streams_bench.") as tmp:
+        bench = Bench(path=path, text=text, tmp=Path(tmp), env=env)
+        for section in chosen:
+            ours_times, reference_times = run_section(section, bench, args.repeat)
+            ours_median = statistics.median(ours_times)
+            reference_median = statistics.median(reference_times)
+            ratio = ours_median / reference_median
+            ok = ratio <= section.target
+            failed |= not ok
+            rows.append(
+                (section, ours_median, reference_median, ratio, ok, ours_times, reference_times)
+            )
+
+        header = f"{'section':22s} {'ours ms':>9s} {'ref ms':>9s} {'ratio':>7s} {'target':>7s}  ok"
+        print(header)
+        print("-" * len(header))
+        for section, o, r, ratio, ok, _, _ in rows:
+            print(f"{section.name:22s} {ms(o)} {ms(r)} {ratio:6.2f}x {section.target:6.1f}x  "
+                  f"{'yes' if ok else 'NO'}")  # fmt: skip
+        print()
+        for section, _, _, _, _, ours_times, reference_times in rows:
+            print(f"{section.name}: {section.title}")
+            print(f"  ours: {section.ours_command(bench)}")
+            print(f"        runs ms: {' '.join(f'{t * 1e3:.1f}' for t in ours_times)}")
+            print(f"  ref:  {section.reference_command(bench)}")
+            print(f"        runs ms: {' '.join(f'{t * 1e3:.1f}' for t in reference_times)}")
+
+        for name in args.profile:
+            section = by_name[name]
+            if not section.in_process:
+                print(f"\n--profile {name}: not an in-process section; nothing to profile")
+                continue
+            profile(section, bench, top=20)
+    return 1 if failed and args.check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

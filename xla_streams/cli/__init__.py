@@ -1,0 +1,644 @@
+"""The ``xla-streams`` command line: offline tools for scheduled HLO text.
+
+Every command has its own ``absl.flags.FlagValues``, so ``xla-streams CMD --help``
+shows only that command's flags. A command is one function and one entry in
+``COMMANDS``::
+
+    def _simulate(args: Args) -> int:
+        path, text = args.input()                # the positional IN.hlo, or stdin for '-'
+        ...
+        args.output(args.flag("json"), result)   # written (atomically) only on success
+        return EXIT_OK
+
+    "simulate": Command("One line for `xla-streams --help`.", "IN.hlo [--streams=N]",
+                        _simulate, flags=_assignment_flags),
+
+``flags`` defines the command's flags on its FlagValues: reuse
+``_assignment_flags`` (--streams, --policy, --json) or write a small function
+that calls it and ``flags.DEFINE_*(..., flag_values=fv)``. Raise ``UsageError``
+or ``InputError`` for user errors; HloError, PipelineError and
+VerificationError are mapped to exit codes here.
+
+Exit codes: 0 success; 1 the stream assignment failed verification; 2 bad
+input or usage (malformed HLO, unknown pass, bad flag value, unreadable file).
+User errors print one message and no traceback. Outputs are written only when
+the whole command succeeded, each atomically (see ``xla_streams._io``).
+
+Nothing here imports JAX: the offline commands start in well under a second.
+The ``demo`` command imports its module only when run.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, TextIO
+
+from absl import flags
+
+from xla_streams._io import atomic_write_many
+from xla_streams.cli.stream_model_flags import define_stream_model_flags, stream_model
+from xla_streams.collectives import MAX_STREAMS, POLICIES
+from xla_streams.hlo import HloError, Module, parse_module
+from xla_streams.passes.base import Compilation, ModulePass, PipelineError, VerificationError
+from xla_streams.pipeline import PASSES, PassManager, build_pipeline, pass_class
+
+PROG = "xla-streams"
+STDIO = "-"
+EXIT_OK = 0
+EXIT_VERIFICATION = 1
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A command line that cannot be run as written (exit code 2)."""
+
+
+class InputError(Exception):
+    """An input that cannot be read or an output that cannot be written (exit code 2)."""
+
+
+@dataclass
+class Args:
+    """What a command gets: its parsed flags, its positional arguments, its streams."""
+
+    command: str
+    flags: flags.FlagValues
+    positional: list[str]
+    stdin: TextIO
+    stdout: TextIO
+    stderr: TextIO
+    # (path, text) to write once the command has succeeded; "-" is stdout.
+    outputs: list[tuple[str, str]] = field(default_factory=list)
+    # Text for stderr once the command has succeeded (a table when stdout is taken).
+    messages: list[str] = field(default_factory=list)
+
+    def flag(self, name: str) -> Any:
+        return self.flags[name].value
+
+    def input(self) -> tuple[str, str]:
+        """The single positional input file: (its name for messages, its text)."""
+        if len(self.positional) != 1:
+            found = " ".join(self.positional) or "none"
+            raise UsageError(f"expected one input file ('-' for standard input), found: {found}")
+        path = self.positional[0]
+        try:
+            if path == STDIO:
+                # Bytes, so that nothing (a CR) is translated on the way to the output.
+                buffer = getattr(self.stdin, "buffer", None)
+                data = buffer.read().decode("utf-8") if buffer else self.stdin.read()
+                return "<stdin>", data
+            with open(path, encoding="utf-8", newline="") as f:
+                return path, f.read()
+        except OSError as e:
+            name = "standard input" if path == STDIO else f"'{path}'"
+            raise InputError(f"cannot read {name}: {_os_reason(e)}") from None
+        except UnicodeDecodeError as e:
+            name = "standard input" if path == STDIO else f"'{path}'"
+            what = "gzip-compressed data" if e.object[:2] == b"\x1f\x8b" else "binary data"
+            raise InputError(
+                f"{name} is not HLO text ({what}, byte {e.start} is not UTF-8); give the "
+                "text that compiled.as_text() or an --xla_dump_to *after_optimizations.txt "
+                "file holds" + (" (gunzip it first)" if what.startswith("gzip") else "")
+            ) from None
+
+    def output(self, path: str | None, text: str) -> None:
+        """Write ``text`` to ``path`` (``-``: stdout) when the command succeeds."""
+        if path is not None and path != "":
+            self.outputs.append((path, text))
+
+    def uses_stdout(self, *names: str) -> bool:
+        """True when one of the flags ``names`` (those the command has) is ``-``."""
+        return any(n in self.flags and self.flag(n) == STDIO for n in names)
+
+
+_HLO_INPUT = (("IN.hlo", "Scheduled HLO module text to read; '-' reads standard input."),)
+
+
+@dataclass(frozen=True)
+class Command:
+    summary: str  # one line for `xla-streams --help`
+    usage: str  # the arguments after `xla-streams CMD`
+    run: Callable[[Args], int]
+    flags: Callable[[flags.FlagValues], None] = lambda fv: None
+    description: str = ""  # more for `xla-streams CMD --help`
+    arguments: tuple[tuple[str, str], ...] = _HLO_INPUT
+
+
+# -- flags shared by commands --------------------------------------------------------
+
+
+class _StreamsParser(flags.IntegerParser):
+    """An integer in 1..MAX_STREAMS, with a message that says so."""
+
+    def __init__(self) -> None:
+        super().__init__(lower_bound=1, upper_bound=MAX_STREAMS)
+
+    def parse(self, argument: Any) -> int:
+        try:
+            value = int(argument) if not isinstance(argument, int) else argument
+        except ValueError:
+            value = None
+        if value is None or isinstance(value, bool) or not 1 <= value <= MAX_STREAMS:
+            raise ValueError(
+                f"the number of collective streams must be an integer from 1 to {MAX_STREAMS}"
+            )
+        return value
+
+
+def _streams_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE(
+        _StreamsParser(), "streams", 4,
+        f"Number of collective streams K to spread the collectives over (1..{MAX_STREAMS}).",
+        flag_values=fv, serializer=flags.ArgumentSerializer(),
+    )  # fmt: skip
+    flags.DEFINE_enum(
+        "policy", "interval", list(POLICIES),
+        "How to pick a stream: 'interval' takes the lowest stream free when the collective "
+        "starts; 'round-robin' takes the next stream in turn.",
+        flag_values=fv,
+    )  # fmt: skip
+
+
+def _assignment_flags(fv: flags.FlagValues) -> None:
+    _streams_flags(fv)
+    flags.DEFINE_string(
+        "json", None, "Also write the assignment as JSON (schema xla_streams.assignment.v2) "
+        "to this file ('-': standard output).", flag_values=fv,
+    )  # fmt: skip
+    define_stream_model_flags(fv)
+
+
+def _opt_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_string(
+        "pipeline", None,
+        "Passes to run, comma separated, options in braces: "
+        "'find-async-pairs,assign-streams{streams=4,policy=interval}'. "
+        "'' only parses and prints the module.",
+        short_name="p", flag_values=fv,
+    )  # fmt: skip
+    flags.DEFINE_string(
+        "output", STDIO, "Where to write the module ('-': standard output).",
+        short_name="o", flag_values=fv,
+    )  # fmt: skip
+    flags.DEFINE_bool(
+        "time-passes", False, "Print how long each pass took to standard error.", flag_values=fv
+    )
+    flags.DEFINE_bool(
+        "print-after-all", False, "Print the module after every pass to standard error.",
+        flag_values=fv,
+    )  # fmt: skip
+
+
+def _assign_flags(fv: flags.FlagValues) -> None:
+    _assignment_flags(fv)
+    flags.DEFINE_string(
+        "output", None, "Write the annotated module to this file ('-': standard output).",
+        short_name="o", flag_values=fv,
+    )  # fmt: skip
+    flags.DEFINE_bool("quiet", False, "Do not print the table.", short_name="q", flag_values=fv)
+
+
+# -- the commands --------------------------------------------------------------------
+
+
+def _opt(args: Args) -> int:
+    pipeline = args.flag("pipeline")
+    if pipeline is None:
+        raise UsageError("missing --pipeline (-p); use -p '' to only parse and print")
+    path, text = args.input()
+    manager = PassManager.from_spec(pipeline)
+    if args.flag("print-after-all"):
+
+        def dump(p: ModulePass, module: Module) -> None:
+            args.stderr.write(f"// -----// IR after {p.spec()} //----- //\n{module.print()}\n")
+
+        manager.print_after_all = dump
+    module = parse_module(text, path)
+    manager.run(Compilation(module))
+    if args.flag("time-passes"):
+        args.stderr.write(_timings(manager))
+    args.output(args.flag("output"), module.print())
+    return EXIT_OK
+
+
+def _assign(args: Args) -> int:
+    compilation = _assigned(args, annotate=True)
+    _reports(args, compilation, quiet=args.flag("quiet"))
+    args.output(args.flag("output"), compilation.module.print())
+    return EXIT_OK
+
+
+def _report(args: Args) -> int:
+    _reports(args, _assigned(args, annotate=False), quiet=False)
+    return EXIT_OK
+
+
+def _demo_flags(fv: flags.FlagValues) -> None:
+    from xla_streams.aot import GPU_CONFIGS
+    from xla_streams.programs import DEFAULT_PROGRAM, PROGRAMS
+
+    _streams_flags(fv)
+    flags.DEFINE_enum(
+        "program", DEFAULT_PROGRAM, sorted(PROGRAMS), "The embedded program to compile.",
+        flag_values=fv,
+    )  # fmt: skip
+    flags.DEFINE_string(
+        "report-dir", None,
+        "Where the reports go (default: a new temporary folder, printed at the end).",
+        flag_values=fv,
+    )  # fmt: skip
+    flags.DEFINE_enum(
+        "mode", "auto", ["auto", "gpu", "aot"],
+        "gpu: compile for this machine's GPUs; aot: compile without a GPU; auto: gpu when "
+        "there are enough GPUs, else aot.", flag_values=fv,
+    )  # fmt: skip
+    flags.DEFINE_enum(
+        "target", "h100", sorted(GPU_CONFIGS), "The GPU to compile for without one (aot).",
+        flag_values=fv,
+    )  # fmt: skip
+
+
+def _demo(args: Args) -> int:
+    from xla_streams.cli import demo  # imports JAX: only for this command
+
+    if args.positional:
+        raise UsageError(f"demo takes no arguments, found: {' '.join(args.positional)}")
+    try:
+        demo.run(
+            args.flag("program"),
+            args.flag("streams"),
+            args.flag("policy"),
+            report_dir=args.flag("report-dir"),
+            mode=args.flag("mode"),
+            target=args.flag("target"),
+            out=args.stdout,
+        )
+    except demo.Unavailable as e:
+        raise InputError(str(e)) from None
+    return EXIT_OK
+
+
+def _simulate_flags(fv: flags.FlagValues) -> None:
+    from xla_streams.cli.simulate import define_flags
+
+    define_flags(fv)
+
+
+def _simulate(args: Args) -> int:
+    from xla_streams.cli.simulate import run_cli
+
+    return run_cli(args)
+
+
+def _tune_flags(fv: flags.FlagValues) -> None:
+    from xla_streams.tuning import define_flags
+
+    define_flags(fv)
+
+
+def _tune(args: Args) -> int:
+    # Imports JAX when it compiles: only for this command.
+    from xla_streams.tuning import TuneError, TuneUsageError, run_command
+
+    try:
+        result = run_command(args.positional, args.flag, args.stderr)
+    except TuneUsageError as e:
+        raise UsageError(str(e)) from None
+    except TuneError as e:
+        raise InputError(str(e)) from None
+    args.output(args.flag("json"), result.json_text())
+    args.output(args.flag("hlo"), result.best_hlo)
+    if args.uses_stdout("json", "hlo"):
+        args.messages.append(result.table())
+    else:
+        args.output(STDIO, result.table())
+    return EXIT_OK
+
+
+COMMANDS: dict[str, Command] = {
+    "opt": Command(
+        "Run a pipeline of passes over an HLO module and print the result.",
+        "IN.hlo -p PIPELINE [-o OUT.hlo] [--time-passes] [--print-after-all]",
+        _opt,
+        _opt_flags,
+        "Reads scheduled HLO text (as from `jax.jit(f).lower(...).compile().as_text()` or an "
+        "XLA dump), runs the passes of PIPELINE in order and prints the module. Instructions "
+        "no pass changed print back byte for byte.",
+    ),
+    "assign": Command(
+        "Give every async collective one of K streams and write the annotated module.",
+        "IN.hlo [--streams=4] [--policy=interval] [--output=OUT.hlo] [--json=OUT.json] [--quiet]",
+        _assign,
+        _assign_flags,
+        "Finds every async collective start/done pair, assigns each a collective stream, "
+        "checks the assignment (no two collectives that could deadlock on different "
+        "streams) and writes the module with _xla_stream_annotation on every start and "
+        "done. Prints a table of the assignment unless --quiet (to standard error when "
+        "--output or --json is '-').",
+    ),
+    "report": Command(
+        "Show which stream each async collective would get; the module is not changed.",
+        "IN.hlo [--streams=4] [--policy=interval] [--json=OUT.json]",
+        _report,
+        _assignment_flags,
+        "Prints the table that `assign` prints, without writing a module: every async "
+        "collective, where it sits in the schedule, its devices and size, its stream, "
+        "then a summary.",
+    ),
+    "simulate": Command(
+        "Predict the step time with K = 1, 2, 4, 8 streams under each policy; draw the timelines.",
+        "IN.hlo [--streams=1,2,4,8] [--policy=interval,round-robin] [--trace=OUT.json] "
+        "[--html=OUT.html] [--target=h100] [--target-file=T.json]",
+        _simulate,
+        _simulate_flags,
+        "Replays the schedule on a cost model of the target GPU (xla_streams/simulate/) for "
+        "each number of streams and policy, with the real stream assignment, and prints the "
+        "predicted step time, exposed communication and speedup, against a lower bound. "
+        "--trace writes a Perfetto/Chrome trace, --html a self-contained report.",
+    ),
+    "tune": Command(
+        "Find the XLA overlap options and stream count that make a JAX program fastest (JAX).",
+        "PROGRAM.py[:BUILDER] --devices=N [--devices-per-host=8] [--target=h100] "
+        "[--json=OUT.json] [--budget-s=300] | --program=NAME",
+        _tune,
+        _tune_flags,
+        "Compiles the program without a GPU under candidate settings of XLA's overlap "
+        "levers (overlap limit, loop pipelining, double buffering, early starts, XLA's "
+        "multi-streaming, the NVLink overlap limit, combine thresholds), predicts each "
+        "with the simulator for K = 1, 2, 4, 8 collective streams, keeps those that fit "
+        "in memory, and prints them ranked with the command that runs the best. "
+        "BUILDER(devices) -> (jitted_fn, abstract_args), default 'build'.",
+        arguments=(
+            (
+                "PROGRAM.py[:BUILDER]",
+                "A Python file defining BUILDER(devices) -> (jitted_fn, abstract_args); "
+                "devices are the topology's GPUs, host-major.",
+            ),
+        ),
+    ),
+    "demo": Command(
+        "Compile the demo transformer step and show its collectives spread over streams (JAX).",
+        "[--program=transformer_step] [--streams=4] [--mode=auto] [--report-dir=DIR]",
+        _demo,
+        _demo_flags,
+        "Compiles an embedded sharded JAX program with the plugin on (for this machine's "
+        "GPUs when it has enough, else for 8 H100s without a GPU), and prints the "
+        "assignment the plugin made inside XLA's compile, with its report files.",
+        arguments=(),
+    ),
+}
+
+
+def _assigned(args: Args, *, annotate: bool) -> Compilation:
+    path, text = args.input()
+    passes = build_pipeline(
+        args.flag("streams"),
+        args.flag("policy"),
+        runtime="xla" if annotate else None,
+        model=stream_model(args.flag),
+    )
+    return PassManager(passes).run(Compilation(parse_module(text, path)))
+
+
+def _reports(args: Args, compilation: Compilation, *, quiet: bool) -> None:
+    from xla_streams.report import build_report, format_report, to_json
+
+    report = build_report(compilation)
+    args.output(args.flag("json"), to_json(report))
+    if not quiet:
+        table = format_report(report)
+        if args.uses_stdout("json", "output"):
+            args.messages.append(table)
+        else:
+            args.output(STDIO, table)
+
+
+def _timings(manager: PassManager) -> str:
+    total = sum(t for _, t in manager.timings)
+    width = max([len(name) for name, _ in manager.timings] + [len("total")])
+    lines = ["pass timings:"]
+    lines += [f"  {name:<{width}}  {t * 1000:9.3f} ms" for name, t in manager.timings]
+    lines.append(f"  {'total':<{width}}  {total * 1000:9.3f} ms")
+    return "\n".join(lines) + "\n"
+
+
+# -- driver --------------------------------------------------------------------------
+
+
+def main(
+    argv: list[str] | None = None,
+    *,
+    stdin: TextIO | None = None,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    """Run one command; ``argv`` excludes the program name. Returns the exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    stdin = stdin or sys.stdin
+    stdout = stdout or sys.stdout
+    stderr = stderr or sys.stderr
+    if not argv:
+        stderr.write(_main_help())
+        return EXIT_USAGE
+    name, rest = argv[0], argv[1:]
+    if name in ("-h", "--help", "help"):
+        stdout.write(_main_help())
+        return EXIT_OK
+    if name in ("--version", "version"):
+        from xla_streams import __version__
+
+        stdout.write(f"{PROG} {__version__}\n")
+        return EXIT_OK
+    command = COMMANDS.get(name)
+    if command is None:
+        stderr.write(f"{PROG}: error: unknown command '{name}'\n\n{_main_help()}")
+        return EXIT_USAGE
+    prog = f"{PROG} {name}"
+    fv = flags.FlagValues()  # type: ignore[no-untyped-call]
+    command.flags(fv)
+    args = Args(name, fv, rest, stdin, stdout, stderr)
+    try:
+        if _wants_help(rest):
+            stdout.write(_command_help(name, command, fv))
+            return EXIT_OK
+        args.positional = fv([prog, *_negations_spelled_for_absl(rest, fv)])[1:]
+        code = command.run(args)
+        if code == EXIT_OK:
+            _write_outputs(args)
+        return code
+    except HloError as e:
+        stderr.write(f"{e}\n")
+        return EXIT_USAGE
+    except VerificationError as e:
+        stderr.write(f"{prog}: verification failed: {e}\n")
+        return EXIT_VERIFICATION
+    except (UsageError, flags.Error) as e:
+        stderr.write(f"{prog}: error: {e}\nRun '{prog} --help' for usage.\n")
+        return EXIT_USAGE
+    except (PipelineError, InputError) as e:
+        stderr.write(f"{prog}: error: {e}\n")
+        return EXIT_USAGE
+
+
+def _write_outputs(args: Args) -> None:
+    """Write every output, all files or none, then standard output and messages."""
+    files: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for path, text in args.outputs:
+        if path in seen:
+            where = "standard output" if path == STDIO else f"'{path}'"
+            raise UsageError(f"two outputs would be written to {where}")
+        seen.add(path)
+        if path != STDIO:
+            files.append((path, text))
+    try:
+        atomic_write_many(files)
+    except OSError as e:
+        raise InputError(f"cannot write '{e.filename or files[0][0]}': {_os_reason(e)}") from None
+    for path, text in args.outputs:
+        if path == STDIO:
+            args.stdout.write(text)
+    args.stdout.flush()
+    for text in args.messages:
+        args.stderr.write(text)
+
+
+def _negations_spelled_for_absl(argv: list[str], fv: flags.FlagValues) -> list[str]:
+    """``--no-progress`` as absl spells it, ``--noprogress``, for the command's boolean flags."""
+    out: list[str] = []
+    for arg in argv:
+        if arg == "--":
+            return out + argv[len(out) :]
+        name = arg.removeprefix("--no-")
+        if arg.startswith("--no-") and name in fv and fv[name].boolean:
+            arg = f"--no{name}"
+        out.append(arg)
+    return out
+
+
+def _wants_help(argv: list[str]) -> bool:
+    for arg in argv:
+        if arg == "--":
+            return False
+        if arg in ("-h", "--help", "-help", "--helpfull"):
+            return True
+    return False
+
+
+def _os_reason(e: BaseException) -> str:
+    return e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+
+
+def _main_help() -> str:
+    width = max(len(n) for n in COMMANDS)
+    commands = "\n".join(f"  {n:<{width}}  {c.summary}" for n, c in COMMANDS.items())
+    about = (
+        "Spread the async collectives of a scheduled XLA (JAX) program over several "
+        "collective streams, so that collectives that overlap in the schedule also run at "
+        "the same time. The commands read and write HLO text and need no GPU."
+    )
+    return (
+        f"usage: {PROG} COMMAND [ARGS...]\n\n{textwrap.fill(about, _WIDTH)}\n\n"
+        f"commands:\n{commands}\n\n"
+        f"Run '{PROG} COMMAND --help' for a command's arguments and flags.\n"
+        "Exit codes: 0 success, 1 the assignment failed verification, 2 bad input or usage.\n"
+    )
+
+
+_WIDTH = 88
+_INDENT = " " * 6
+
+
+def _command_help(name: str, command: Command, fv: flags.FlagValues) -> str:
+    out = [f"usage: {PROG} {name} {command.usage}", "", command.summary]
+    if command.description:
+        out += ["", textwrap.fill(command.description, _WIDTH)]
+    if command.arguments:
+        out += ["", "arguments:"]
+        for argument, text in command.arguments:
+            out += [f"  {argument}", _wrap(text)]
+    if name == "opt":
+        out += ["", "passes (option defaults in braces):", _passes_help()]
+    listed = _own_flags(fv)
+    if listed:
+        out += ["", "flags:"]
+        for f in listed:
+            text = f.help
+            if isinstance(f.parser, flags.EnumParser) and text.startswith("<"):
+                text = text.split(": ", 1)[-1]  # absl puts the choices in front
+            if f.boolean:
+                spelled = f"--[no]{f.name}"
+            else:
+                spelled = f"--{f.name}={_metavar(f)}"
+                if f.default is not None:
+                    text += f" Default: {f.default!s}."
+            short = f"-{f.short_name}, " if f.short_name else ""
+            out += [f"  {short}{spelled}", _wrap(text)]
+    return "\n".join(out) + "\n"
+
+
+def _metavar(f: Any) -> str:
+    if isinstance(f.parser, flags.EnumParser):
+        return "|".join(str(v) for v in f.parser.enum_values)
+    if isinstance(f.parser, flags.IntegerParser):
+        return "N"
+    name: str = f.name
+    return _METAVARS.get(name, name.upper().replace("-", "_"))
+
+
+_METAVARS = {"output": "FILE", "json": "FILE", "pipeline": "SPEC"}
+
+
+def _wrap(text: str) -> str:
+    return textwrap.fill(
+        text, _WIDTH, initial_indent=_INDENT, subsequent_indent=_INDENT, break_on_hyphens=False
+    )
+
+
+def _own_flags(fv: flags.FlagValues) -> list[Any]:
+    """The command's flags in definition order, without absl's --flagfile/--undefok.
+
+    Iterating a FlagValues gives every name, short ones too: keep the long ones.
+    """
+    return [fv[name] for name in fv if name == fv[name].name and name not in _ABSL_BUILTIN]
+
+
+_ABSL_BUILTIN = frozenset({"flagfile", "undefok"})
+
+
+def _passes_help() -> str:
+    """Each registered pass, its options and the first sentence of its module's docstring."""
+    lines = []
+    for name in sorted(PASSES):
+        cls = pass_class(name)
+        doc = (sys.modules[cls.__module__].__doc__ or "").strip().split("\n\n")[0]
+        doc = " ".join(doc.split()).replace("``", "`")
+        doc = doc.removeprefix(f"{name}: ")
+        doc = doc.split(". ")[0].rstrip(".") + "."
+        doc = doc[:1].upper() + doc[1:]
+        lines += [f"  {cls().spec()}", _wrap(doc)]  # every option has a default
+    return "\n".join(lines)
+
+
+def run() -> NoReturn:
+    """The console script's entry point."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except BrokenPipeError:
+        # The reader went away (`xla-streams ... | head`): not an error of ours.
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise SystemExit(EXIT_OK) from None
+    raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,225 @@
+"""The compile hook: one road for every module XLA compiles, in native and ffi mode.
+
+XLA hands the hook its scheduled module (``PipelineStage.POST_SCHEDULER``) as a
+serialized ``HloModuleProto``:
+
+1. modules with no collective at all are skipped on a byte scan (XLA compiles
+   many: autotuning candidates, fusions), with no report;
+2. the proto is printed to HLO text (:mod:`xla_streams.plugin.xla_module`) and the
+   pipeline runs over it: :func:`pipeline_for` (``pipeline.build_pipeline`` of
+   the settings: the default passes, or the user's spec with the settings as
+   defaults);
+3. what changed goes back to XLA (:func:`back_to_xla`): annotations written
+   into XLA's own proto, a restructured module (ffi mode) through XLA's parser;
+4. with a report directory, the module's reports and the index are written
+   (:mod:`xla_streams.report`), after XLA has the module back.
+
+An internal error never breaks a compile unless the settings are strict: it is
+logged with the module's name and the module goes on unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from xla_streams._log import logger
+from xla_streams.collectives import COLLECTIVE_OPCODES, StreamModel
+from xla_streams.hlo import parse_module
+from xla_streams.passes.base import Compilation, ModulePass
+from xla_streams.pipeline import PassManager, Runtime, build_pipeline
+from xla_streams.plugin import xla_module
+
+if TYPE_CHECKING:
+    from xla_streams.plugin.settings import Config
+
+_FINGERPRINT_CHARS = 16
+
+
+class PluginError(RuntimeError):
+    """Raised from inside XLA's compile in strict mode; XLA reports it as the compile's error."""
+
+
+@dataclass
+class Stats:
+    """What the hook has done in this process (for tests and the demo)."""
+
+    calls: int = 0
+    changed: int = 0
+    unchanged: int = 0
+    failed: int = 0
+    reports: list[str] = field(default_factory=list)
+    seconds: float = 0.0  # time spent in the hook
+
+
+_lock = threading.Lock()
+_stats = Stats()
+
+
+_said: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    """Log ``message`` at info level the first time only (a process compiles many modules)."""
+    with _lock:
+        if message in _said:
+            return
+        _said.add(message)
+    logger.info("%s", message)
+
+
+def stats() -> Stats:
+    """A copy of the hook's counters."""
+    with _lock:
+        return replace(_stats, reports=list(_stats.reports))
+
+
+def reset_stats() -> None:
+    global _stats
+    with _lock:
+        _stats = Stats()
+
+
+# How an instruction's opcode is stored in an HloInstructionProto (field 2, a string):
+# the opcodes of every collective, plain or async.
+_COLLECTIVE_OPCODES = tuple(
+    b"\x12" + bytes([len(op)]) + op
+    for op in (
+        *(name.encode() for name in COLLECTIVE_OPCODES),
+        *(f"{name}-start".encode() for name in COLLECTIVE_OPCODES),
+        b"async-start", b"send", b"recv",
+    )
+)  # fmt: skip
+
+
+def has_collective(serialized: bytes) -> bool:
+    """Whether a serialized module may hold a collective (false positives are fine)."""
+    return any(op in serialized for op in _COLLECTIVE_OPCODES)
+
+
+def transform(
+    serialized: bytes, *, on_cpu: bool, config: Config, model: StreamModel
+) -> bytes | None:
+    """The compile hook: a serialized HloModuleProto in, the changed one (or None) out."""
+    begin = time.perf_counter()
+    with _lock:
+        _stats.calls += 1
+    name = "<unparsed module>"
+    try:
+        if not has_collective(serialized):
+            out = None
+        else:
+            name, text = xla_module.module_text(serialized)
+            assignment = xla_module.device_assignment(serialized)
+            devices = assignment.device_ids if assignment is not None else ()
+            passes = pipeline_for(config, on_cpu=on_cpu, model=model, devices=devices)
+            compilation = run_pipeline(text, passes, name)
+            out = back_to_xla(serialized, compilation)
+            if on_cpu and config.mode == "native":
+                _say_once(
+                    "XLA:CPU runs collectives synchronously, so native mode has nothing to put "
+                    "on streams there; XLA_STREAMS_MODE=ffi runs them on streams (our host "
+                    "runtime)"
+                )
+            # Only once XLA has the module back: a report describes what runs.
+            if config.report_dir is not None:
+                # The simulator behind the pictures models GPUs, not XLA:CPU.
+                html = config.report_html and not on_cpu
+                write_module_reports(compilation, text, config, html=html)
+    except Exception as e:
+        with _lock:
+            _stats.failed += 1
+        reason = f"{type(e).__name__}: {e}"
+        if config.strict:
+            raise PluginError(f"xla_streams failed on module {name}: {reason}") from e
+        logger.warning("module %s left unchanged: %s", name, reason)
+        return None
+    finally:
+        with _lock:
+            _stats.seconds += time.perf_counter() - begin
+    with _lock:
+        if out is None:
+            _stats.unchanged += 1
+        else:
+            _stats.changed += 1
+    return out
+
+
+def pipeline_for(
+    config: Config, *, on_cpu: bool, model: StreamModel, devices: tuple[int, ...] = ()
+) -> list[ModulePass]:
+    """The passes the hook runs on a module of one platform: ffi mode lowers to the
+    host runtime on CPU and to the CUDA runtime elsewhere; native mode annotates."""
+    runtime: Runtime = "xla"
+    if config.mode == "ffi":
+        runtime = "host" if on_cpu else "cuda"
+        from xla_streams import runtime as ffi_runtime
+
+        # Before XLA emits the custom calls, their targets must be registered.
+        ffi_runtime.register(runtime)
+        ffi_runtime.set_timeout(config.timeout_s)
+    return build_pipeline(
+        config.collective_streams,
+        config.policy,
+        runtime=runtime,
+        model=model,
+        devices=devices,
+        spec=config.pipeline,
+    )
+
+
+def run_pipeline(text: str, passes: list[ModulePass], name: str | None = None) -> Compilation:
+    """Parse one module's HLO text and run ``passes`` over it. Pure: the same text
+    and passes give the same module and assignment in every process."""
+    module = parse_module(text, f"<module {name}>" if name else "<module>")
+    return PassManager(passes).run(Compilation(module))
+
+
+def back_to_xla(serialized: bytes, compilation: Compilation) -> bytes | None:
+    """The module to hand back to XLA: None when unchanged; annotations written into
+    XLA's own proto; a restructured module through XLA's text parser."""
+    module = compilation.module
+    if module.restructured:
+        return xla_module.to_proto(module.print())
+    if module.frontend_attribute_edits:
+        return xla_module.with_frontend_attributes(serialized, module.frontend_attribute_edits)
+    return None
+
+
+def fingerprint(text: str) -> str:
+    """A stable short hash of a module's text."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:_FINGERPRINT_CHARS]
+
+
+def write_module_reports(
+    compilation: Compilation, text: str, config: Config, *, html: bool = False
+) -> tuple[str, ...]:
+    """The module's reports (and the index; with ``html`` a trace and a timeline),
+    logged in one line; errors are logged unless strict. Returns the paths written."""
+    from xla_streams.report import summary_line, write_reports
+
+    assert config.report_dir is not None
+    name = compilation.module.name
+    if compilation.assignment is None:
+        logger.debug("no report for module %s: the pipeline assigns no streams", name)
+        return ()
+    try:
+        paths: tuple[str, ...] = write_reports(compilation, config.report_dir, fingerprint(text))
+        if html:
+            from xla_streams.simulate.visual import write_visual_report
+
+            stem = os.path.basename(paths[0]).removesuffix(".json")
+            paths += tuple(map(str, write_visual_report(compilation, config.report_dir, stem)))
+    except Exception as e:
+        if config.strict:
+            raise
+        logger.warning("cannot write the report of module %s: %s", name, e)
+        return ()
+    logger.info("%s; report %s", summary_line(compilation), paths[0])
+    with _lock:
+        _stats.reports.append(paths[0])
+    return paths
