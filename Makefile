@@ -36,9 +36,9 @@ typecheck: $(STAMP)
 	cd $(TYPECHECK) && $(CURDIR)/$(VENV)/bin/mypy --config-file $(CURDIR)/pyproject.toml
 
 # jax 0.11.2 (CPU wheels, about 100 MB): the plugin's start-up and its native and
-# ffi modes on an unmodified 8-device program (tests/test_plugin.py, subprocesses).
+# ffi modes on an unmodified 8-device program (tests/plugin/test_plugin.py, subprocesses).
 compat: $(COMPAT_STAMP)
-	$(COMPAT_VENV)/bin/python -m pytest -q tests/test_plugin.py -k '$(COMPAT_TESTS)'
+	$(COMPAT_VENV)/bin/python -m pytest -q tests/plugin/test_plugin.py -k '$(COMPAT_TESTS)'
 
 # Headless Chromium renders the HTML report in a test (Debian's package; CI runs as root).
 chromium:

@@ -3,7 +3,8 @@
 First the deadlock rule: pairs in flight together (at any call of their
 computations) whose groups share two or more devices are tied to one stream, and
 so are the send and the recv of one permute (``AsyncPair.must_share_stream_with``);
-ties are transitive, so each connected set of such pairs (a "unit") is placed as one.
+ties are transitive, so each connected set of such pairs (a "unit",
+``collectives.tied_units``) is placed as one.
 
 Then pins: a unit holding a pair XLA runs on a fixed stream whatever its
 annotation (a sync pair on the communication lane: ``SYNC_PAIR_STREAM``, see
@@ -27,15 +28,21 @@ of a multi-host job computes the same assignment.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 from xla_streams.collectives import (
-    MAX_STREAMS,
+    DEFAULT_POLICY,
+    DEFAULT_STREAMS,
+    POLICIES,
     SYNC_PAIR_STREAM,
     AsyncPair,
     Policy,
+    RuleWorkExceeded,
     StreamAssignment,
+    check_streams,
     in_flight_order,
+    tied_units,
 )
 from xla_streams.passes.base import Compilation, Fact, ModulePass
 
@@ -46,26 +53,25 @@ class AssignStreams(ModulePass):
     requires = frozenset({Fact.ASYNC_PAIRS})
     ensures = frozenset({Fact.STREAMS_ASSIGNED})
 
-    streams: int = 4
-    policy: Policy = "interval"
+    streams: int = DEFAULT_STREAMS
+    policy: Policy = DEFAULT_POLICY
 
     def __post_init__(self) -> None:
         check_streams(self.streams)
 
     def run(self, compilation: Compilation) -> None:
-        compilation.assignment = assign_streams(compilation.pairs, self.streams, self.policy)
-
-
-def check_streams(streams: int) -> None:
-    if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= MAX_STREAMS:
-        raise ValueError(f"streams must be an integer from 1 to {MAX_STREAMS}, not {streams!r}")
+        try:
+            assignment = assign_streams(compilation.pairs, self.streams, self.policy)
+        except RuleWorkExceeded as e:
+            raise e.located(compilation.module) from None
+        compilation.assignment = assignment
 
 
 def assign_streams(
     pairs: tuple[AsyncPair, ...] | list[AsyncPair], streams: int, policy: Policy
 ) -> StreamAssignment:
     check_streams(streams)
-    if policy not in ("interval", "round-robin"):
+    if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}")
     placed = [p for p in pairs if p.needs_stream]
     units = tied_units(placed)
@@ -91,36 +97,6 @@ def assign_streams(
     return StreamAssignment(
         streams, policy, stream_of, frozenset(by_bound), frozenset(by_rule), reassigned
     )
-
-
-def tied_units(pairs: list[AsyncPair]) -> list[list[AsyncPair]]:
-    """Pairs the deadlock rule ties together, as groups in order of first start."""
-    index = {p.start: i for i, p in enumerate(pairs)}
-    parent = list(range(len(pairs)))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    # Sweep in start order; only occurrences still in flight can overlap the next one.
-    active: list[tuple[int, AsyncPair]] = []
-    for begin, end, p in in_flight_order(pairs):
-        active = [(done, q) for done, q in active if done > begin]
-        for _, q in active:
-            if p.shares_devices_with(q):
-                parent[find(index[p.start])] = find(index[q.start])
-        active.append((end, p))
-    by_channel: dict[int, int] = {}
-    for p in pairs:
-        if p.kind in ("send", "recv") and p.channel is not None:
-            first = by_channel.setdefault(p.channel, index[p.start])
-            parent[find(index[p.start])] = find(first)
-    units: dict[int, list[AsyncPair]] = {}
-    for p in sorted(pairs, key=lambda p: (p.start_time, p.start)):
-        units.setdefault(find(index[p.start]), []).append(p)
-    return sorted(units.values(), key=lambda unit: (unit[0].start_time, unit[0].start))
 
 
 def _pin(unit: list[AsyncPair], streams: int, reassigned: dict[str, str]) -> int | None:
@@ -149,14 +125,30 @@ def _serialized(
     pairs: list[AsyncPair], stream_of: dict[str, int | None], unit_of: dict[str, int]
 ) -> tuple[set[str], set[str]]:
     """Pairs that start while an earlier pair on their stream is still in flight,
-    split by cause: the deadlock rule (same unit) or the bound K (another unit)."""
+    split by cause: the deadlock rule (same unit) or the bound K (another unit).
+    A sweep that counts, per stream, the occurrences in flight of each unit and of
+    each pair: linear in the occurrences (with a heap of done times)."""
     by_bound: set[str] = set()
     by_rule: set[str] = set()
-    active: list[tuple[int, AsyncPair]] = []
+    on_stream: dict[int | None, int] = {}  # stream -> occurrences in flight
+    of_unit: dict[int, int] = {}  # unit -> occurrences in flight (a unit has one stream)
+    of_pair: dict[str, int] = {}  # start -> occurrences in flight
+    ending: list[tuple[int, int]] = []  # (done, index into pairs), a heap
+    index = {p.start: i for i, p in enumerate(pairs)}
     for begin, end, p in in_flight_order(pairs):
-        active = [(done, q) for done, q in active if done > begin]
-        for _, q in active:
-            if q is not p and stream_of[q.start] == stream_of[p.start]:
-                (by_rule if unit_of[q.start] == unit_of[p.start] else by_bound).add(p.start)
-        active.append((end, p))
+        while ending and ending[0][0] <= begin:
+            q = pairs[heapq.heappop(ending)[1]]
+            on_stream[stream_of[q.start]] -= 1
+            of_unit[unit_of[q.start]] -= 1
+            of_pair[q.start] -= 1
+        stream, unit, mine = stream_of[p.start], unit_of[p.start], of_pair.get(p.start, 0)
+        same_unit = of_unit.get(unit, 0) - mine  # others of its unit in flight
+        if same_unit:
+            by_rule.add(p.start)
+        elif on_stream.get(stream, 0) - mine:
+            by_bound.add(p.start)
+        on_stream[stream] = on_stream.get(stream, 0) + 1
+        of_unit[unit] = of_unit.get(unit, 0) + 1
+        of_pair[p.start] = mine + 1
+        heapq.heappush(ending, (end, index[p.start]))
     return by_bound - by_rule, by_rule

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from xla_streams.collectives import KINDS as COLLECTIVE_KINDS
 from xla_streams.hlo import Computation, Instruction, Module
 from xla_streams.passes.base import Compilation, Fact, ModulePass
-from xla_streams.passes.lower_to_ffi import KINDS, plan_collective
+from xla_streams.passes.lower_to_ffi import plan_collective
+from xla_streams.runtime.abi import KINDS
 
 _STALE = frozenset(
     {Fact.ASYNC_PAIRS, Fact.STREAMS_ASSIGNED, Fact.STREAMS_VERIFIED, Fact.STREAMS_ANNOTATED}

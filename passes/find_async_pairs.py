@@ -21,19 +21,20 @@ from xla_streams.collectives import (
     device_groups,
 )
 from xla_streams.hlo import Computation, HloError, Instruction, Module
-from xla_streams.hlo.attributes import decode, parse_backend_config, parse_frontend_attributes
+from xla_streams.hlo.attributes import (
+    CONTROL_FLOW_CALLEES,
+    control_flow_callees,
+    decode,
+    parse_backend_config,
+    parse_computation_names,
+    parse_frontend_attributes,
+)
+from xla_streams.hlo.text import excerpt
 from xla_streams.passes.base import Compilation, Fact, ModulePass
 
 COLLECTIVES = COLLECTIVE_OPCODES  # the kinds a start/done pair can wrap or spell
 _DONE_OF_SEND_RECV = {"send-done": "send", "recv-done": "recv"}
 PIPELINE_ATTRIBUTE = "_xla_send_recv_pipeline"
-# Computations executed as part of their caller's instruction (control flow);
-# fusions, reducers and async wrappers are not.
-_CONTROL_FLOW_CALLEES = {
-    "while": ("condition", "body"),
-    "conditional": ("branch_computations", "true_computation", "false_computation"),
-    "call": ("to_apply",),
-}
 
 
 @dataclass(frozen=True)
@@ -89,11 +90,15 @@ def find_async_pairs(module: Module, model: StreamModel | None = None) -> list[A
                 raise inst.error(f"async start '%{inst.name}' has no done in '{comp.name}'")
     layout = execution_layout(module, {comp.name for comp, _, _ in found})
     positions: dict[str, dict[str, int]] = {}
+    work: dict[str, list[int]] = {}
     pairs = []
     for comp, start, done in found:
         if comp.name not in positions:
             positions[comp.name] = {inst.name: i for i, inst in enumerate(comp.instructions)}
-        pairs.append(_pair(module, comp, start, done, positions[comp.name], layout, model))
+            work[comp.name] = _work_before(comp)
+        pairs.append(
+            _pair(module, comp, start, done, positions[comp.name], work[comp.name], layout, model)
+        )
     pairs.sort(key=lambda p: (p.start_time, p.start))
     return pairs
 
@@ -130,10 +135,14 @@ def execution_layout(module: Module, wanted: set[str]) -> Layout:
     for name in reversed(order):  # callees first
         comp = module.computation(name)
         assert comp is not None
-        ticks, starts = 0, []
-        for i, _ in enumerate(comp.instructions):
-            starts.append(ticks)
-            ticks += 2 + sum(sizes[c] for c in callees[name].get(i, ()))
+        calls, n = callees[name], len(comp.instructions)
+        if not calls:  # no control flow (most computations): two ticks per instruction
+            starts, ticks = list(range(0, 2 * n, 2)), 2 * n
+        else:
+            ticks, starts = 0, []
+            for i in range(n):
+                starts.append(ticks)
+                ticks += 2 + sum(sizes[c] for c in calls.get(i, ()))
         offsets[name], sizes[name] = starts, ticks
     relevant = set(wanted)
     for name in reversed(order):
@@ -170,15 +179,12 @@ def _control_flow_callees(module: Module, comp: Computation) -> dict[int, list[s
     """Instruction index -> the computations it runs as control flow."""
     result: dict[int, list[str]] = {}
     for i, inst in enumerate(comp.instructions):
-        for key in _CONTROL_FLOW_CALLEES.get(inst.opcode, ()):
-            value = inst.attribute(key)
-            if value is None:
-                continue
-            for name in value.strip("{}").split(","):
-                callee = name.strip().lstrip("%")
-                if module.computation(callee) is None:
-                    raise inst.error_at_attribute(key, 0, f"unknown computation '{callee}'")
-                result.setdefault(i, []).append(callee)
+        if inst.opcode not in CONTROL_FLOW_CALLEES:
+            continue  # most instructions: no call, no list built
+        for key, callee in control_flow_callees(inst):
+            if module.computation(callee) is None:
+                raise inst.error_at_attribute(key, 0, f"unknown computation '{callee}'")
+            result.setdefault(i, []).append(callee)
     return result
 
 
@@ -246,8 +252,13 @@ def _start_of(done: Instruction, comp: Computation) -> Instruction | None:
     if not names:
         raise done.error(f"{opcode} has no operand")
     start = comp.get(names[0])
-    # async-update links may sit between the start and the done.
+    # async-update links may sit between the start and the done. Each is defined
+    # before its user (parse_module), so the chain ends; the hop count says so too.
+    hops = 0
     while start is not None and start.opcode.endswith("-update") and start.operand_names:
+        hops += 1
+        if hops > len(comp.instructions):
+            raise done.error(f"the async-update chain of {opcode} '%{done.name}' loops")
         start = comp.get(start.operand_names[0])
     if start is None or start.opcode != expected:
         if opcode in _DONE_OF_SEND_RECV and _is_pipelined(done):
@@ -256,7 +267,7 @@ def _start_of(done: Instruction, comp: Computation) -> Instruction | None:
         raise done.error(
             f"the {expected} of {opcode} '%{done.name}' is missing: its operand is {found}"
         )
-    if opcode == "async-done" and _wrapped(start) is None:
+    if opcode == "async-done" and not _wrapped(start):
         return None  # an async computation that is not a collective
     return start
 
@@ -266,20 +277,27 @@ def _is_start(inst: Instruction, comp: Computation) -> bool:
     if opcode in ("send", "recv"):
         return True
     if opcode == "async-start":
-        return _wrapped(inst) is not None
+        return bool(_wrapped(inst))
     return opcode.endswith("-start") and opcode.removesuffix("-start") in COLLECTIVES
 
 
-def _wrapped(start: Instruction) -> Instruction | None:
-    """The collective inside an ``async-start(...), calls=%c``; None if not a collective."""
-    calls = start.attribute("calls")
-    if calls is None:
+def _wrapped(start: Instruction) -> list[Instruction]:
+    """The collectives an ``async-start(...), calls=%c`` runs: its computation's root
+    when that is one; else every collective of the computation (a collectives group,
+    XLA's ``_collectives_group``: several collectives launched together, which XLA's
+    deadlock check treats as one whose groups are all of theirs); none if not a
+    collective at all."""
+    names = decode(start, "calls", parse_computation_names)
+    if names is None:
         raise start.error("async-start without calls=")
-    callee = start.computation.module.computation(calls.lstrip("%"))
+    callee = start.computation.module.computation(names[0]) if len(names) == 1 else None
     if callee is None:
+        calls = start.attribute("calls")
         raise start.error_at_attribute("calls", 0, f"unknown computation '{calls}'")
     root = callee.root
-    return root if root.opcode in COLLECTIVES else None
+    if root.opcode in COLLECTIVES:
+        return [root]
+    return [inst for inst in callee.instructions if inst.opcode in COLLECTIVES]
 
 
 def _is_pipelined(inst: Instruction) -> bool:
@@ -293,21 +311,32 @@ def _pair(
     start: Instruction,
     done: Instruction,
     position: dict[str, int],
+    work: list[int],
     layout: Layout,
     model: StreamModel,
 ) -> AsyncPair:
-    # The instruction that carries the collective's attributes.
-    op = _wrapped(start) if start.opcode == "async-start" else start
-    assert op is not None
+    # The instructions that carry the collective's attributes: the start, the
+    # collective it wraps, or (a collectives group) every collective it wraps; the
+    # group takes the kind of its first and the device groups of all.
+    members = _wrapped(start) if start.opcode == "async-start" else [start]
+    op = members[0]
     kind = op.opcode.removesuffix("-start")
     start_index, done_index = position[start.name], position[done.name]
     if done_index <= start_index:
         raise done.error(f"'%{done.name}' is scheduled before its start '%{start.name}'")
+    no_work_between = work[done_index] == work[start_index + 1]
     sync = (
         _is_sync(start)
-        or (op is not start and _is_sync(op))
-        or (not model.ffi and _made_sync_by_xla(comp, start_index, done_index, kind))
+        or any(m is not start and _is_sync(m) for m in members)
+        or (not model.ffi and kind not in ("send", "recv") and no_work_between)
     )
+    groups = device_groups(module, op, kind)
+    if len(members) > 1:
+        union = dict.fromkeys(groups)
+        for member in members[1:]:
+            union.update(dict.fromkeys(device_groups(module, member, member.opcode)))
+        groups = tuple(union)
+    channels = [_channel(m) for m in members]
     pipelined = _is_pipelined(start)
     occurrences = tuple(
         zip(layout.times(comp.name, start_index), layout.times(comp.name, done_index), strict=True)
@@ -324,13 +353,13 @@ def _pair(
         done_time=first[1],
         sync=sync,
         pipelined=pipelined,
-        groups=device_groups(module, op, kind),
+        groups=groups,
         bytes=max(sum(s.byte_size for s in start.operand_shapes), done.shape.byte_size),
         start_line=start.line,
         lane=model.lane(sync=sync, pipelined=pipelined),
         annotation=_annotation(start),
         occurrences=occurrences,
-        channel=_channel(op) if kind in ("send", "recv") else None,
+        channel=channels[0] if kind in ("send", "recv") else None,
     )
 
 
@@ -340,18 +369,22 @@ def _pair(
 _NO_WORK = frozenset({"parameter", "constant", "bitcast", "get-tuple-element"})
 
 
-def _made_sync_by_xla(comp: Computation, start_index: int, done_index: int, kind: str) -> bool:
-    if kind in ("send", "recv"):
-        return False  # the converter leaves send/recv alone
-    for inst in comp.instructions[start_index + 1 : done_index]:
-        if inst.opcode in _NO_WORK:
-            continue
-        if _is_start(inst, comp) and inst.opcode not in ("send", "recv"):
-            continue
-        if _start_of_or_none(inst, comp) is not None and inst.opcode not in _DONE_OF_SEND_RECV:
-            continue
-        return False
-    return True
+def _work_before(comp: Computation) -> list[int]:
+    """How many instructions before each position (and the end) XLA's converter counts
+    as work; a pair with none between its start and done is made synchronous (send
+    and recv aside: the converter leaves them alone). One pass per computation, so
+    each pair's question costs O(1) however many are in flight."""
+    counts = [0]
+    n = 0
+    for inst in comp.instructions:
+        if not (
+            inst.opcode in _NO_WORK
+            or (_is_start(inst, comp) and inst.opcode not in ("send", "recv"))
+            or (inst.opcode not in _DONE_OF_SEND_RECV and _start_of_or_none(inst, comp))
+        ):
+            n += 1
+        counts.append(n)
+    return counts
 
 
 def _start_of_or_none(inst: Instruction, comp: Computation) -> Instruction | None:
@@ -362,25 +395,39 @@ def _start_of_or_none(inst: Instruction, comp: Computation) -> Instruction | Non
 
 
 def _channel(op: Instruction) -> int | None:
+    """The channel_id: ASCII decimal digits (``str.isdigit`` alone takes superscripts and
+    other scripts' digits, and ``int`` reads some of them)."""
     value = op.attribute("channel_id")
     if value is None:
         return None
-    if not value.isdigit():
-        raise op.error_at_attribute("channel_id", 0, f"channel_id={value} is not a number")
+    if not (value.isascii() and value.isdigit()) or len(value) > 18:
+        raise op.error_at_attribute(
+            "channel_id", 0, f"channel_id={excerpt(value)} is not a number (ASCII digits)"
+        )
     return int(value)
 
 
+# The most digits a stream annotation may have (K is at most MAX_STREAMS anyway).
+_ANNOTATION_DIGITS = 6
+
+
 def _annotation(start: Instruction) -> int | None:
-    """The ``_xla_stream_annotation`` already on a start (a user's pin, or a stale one)."""
+    """The ``_xla_stream_annotation`` already on a start (a user's pin, or a stale one):
+    ASCII decimal digits, as XLA reads it; anything else is an error at the value."""
     attributes = decode(start, "frontend_attributes", parse_frontend_attributes) or {}
     value = attributes.get(STREAM_ATTRIBUTE)
     if value is None:
         return None
-    if not value.isdigit() or len(value) > 6:
+    if not (value.isascii() and value.isdigit()) or len(value) > _ANNOTATION_DIGITS:
+        raw = start.attribute("frontend_attributes") or ""
+        at = raw.find(f"{STREAM_ATTRIBUTE}=")
         raise start.error_at_attribute(
             "frontend_attributes",
-            0,
-            f'{STREAM_ATTRIBUTE}="{value}" is not a stream number',
+            at + len(STREAM_ATTRIBUTE) + 1 + raw.startswith('"', at + len(STREAM_ATTRIBUTE) + 1)
+            if at >= 0
+            else 0,
+            f'{STREAM_ATTRIBUTE}="{excerpt(value)}" is not a stream number: expected '
+            f"ASCII decimal digits, at most {_ANNOTATION_DIGITS}",
         )
     return int(value)
 

@@ -12,7 +12,8 @@ the same schedule positions and under the same instruction names::
 The start enqueues the collective on stream k and returns; the done waits for
 it. The done takes the start's result and the original operands, so XLA keeps
 input and output buffers alive until the collective has finished, and its
-result aliases the start's. The attributes (see ``csrc/common.h``) carry the
+result aliases the start's. The attributes (:class:`CollectiveCall` in
+:mod:`xla_streams.runtime.abi`, the one definition of the custom calls) carry the
 stream, kind, device groups as logical ids (replica * num_partitions +
 partition), reduction, dimension (with, per operand, the number of blocks in
 memory before it, so the runtime needs no layouts), op id and channel.
@@ -33,20 +34,24 @@ import logging
 import math
 import re
 from dataclasses import dataclass
-from typing import Literal
 
 from xla_streams.collectives import KINDS as COLLECTIVE_KINDS
 from xla_streams.collectives import AsyncPair
-from xla_streams.hlo import Computation, Instruction, Module
+from xla_streams.hlo import Computation, Instruction, Module, parse_shape
 from xla_streams.hlo.attributes import decode, parse_int_list
+from xla_streams.hlo.text import blank_comments
 from xla_streams.passes.base import Compilation, Fact, ModulePass, PipelineError
+from xla_streams.runtime.abi import (
+    BACKENDS,
+    DONE_TARGET,
+    ELEMENT_TYPES,
+    KINDS,
+    START_TARGET,
+    Backend,
+    CollectiveCall,
+)
 
-Backend = Literal["host", "cuda"]
-START_TARGET = "xla_streams_start"
-DONE_TARGET = "xla_streams_done"
-# The kinds our runtime runs.
-KINDS = tuple(k.name for k in COLLECTIVE_KINDS.values() if k.ffi)
-# to_apply root opcode -> reduction name in the runtime.
+# to_apply root opcode -> reduction name in the runtime (abi.REDUCTIONS).
 REDUCTIONS = {
     "add": "add",
     "multiply": "multiply",
@@ -55,17 +60,10 @@ REDUCTIONS = {
     "and": "and",
     "or": "or",
 }
-DTYPES: dict[str, frozenset[str]] = {
-    "host": frozenset(
-        {"f32", "bf16", "f16", "f64", "s32", "s8", "pred", "s16", "s64", "u8", "u32"}
-    ),
-    "cuda": frozenset(
-        {"f32", "bf16", "f16", "f64", "s32", "s8", "pred", "s64", "u8", "u32", "u64"}
-    ),
-}
 _FLOATS = frozenset({"f32", "bf16", "f16", "f64"})
-_LEAF = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\](?:\{([^{}]*)\})?")
-_COMMENT = re.compile(r"/\*.*?\*/")
+# What hlo.Shape does not keep, per array in order: its dimensions as written (``<=``
+# marks a dynamic one) and its layout, minor to major (``{1,0:T(8,128)}``: ``1,0``).
+_ARRAY_SUFFIX = re.compile(r"\[([^\]]*)\](?:\{([^{}:]*)[^{}]*\})?")
 log = logging.getLogger("xla_streams")
 
 
@@ -80,20 +78,19 @@ class Leaf:
 
 
 def leaves(shape_text: str) -> list[Leaf]:
-    """The arrays of a shape in order, e.g. ``(f32[2,4]{0,1}, s32[])``."""
+    """The arrays of a shape in order, e.g. ``(f32[2,4]{0,1}, s32[])``: element types and
+    dimensions from :func:`xla_streams.hlo.parse_shape`, layouts from the text."""
+    arrays = parse_shape(shape_text).leaves()
+    suffixes = _ARRAY_SUFFIX.findall(blank_comments(shape_text))
+    assert len(suffixes) == len(arrays), shape_text  # parse_shape read the same arrays
     result = []
-    for m in _LEAF.finditer(_COMMENT.sub("", shape_text)):
-        dims_text = m.group(2).strip()
-        items = [d.strip() for d in dims_text.split(",")] if dims_text else []
-        dynamic = any(d.startswith("<=") or d == "?" for d in items)
-        dims = tuple(int(d.removeprefix("<=")) if d != "?" else -1 for d in items)
-        layout = (m.group(3) or "").split(":", 1)[0].strip()
-        if layout:
-            minor_to_major = tuple(int(x) for x in layout.split(","))
-            order = tuple(reversed(minor_to_major))
+    for array, (dims_text, layout) in zip(arrays, suffixes, strict=True):
+        assert array.element_type is not None
+        if layout.strip():
+            order = tuple(reversed([int(x) for x in layout.split(",")]))
         else:
-            order = tuple(range(len(dims)))
-        result.append(Leaf(m.group(1), dims, order, dynamic))
+            order = tuple(range(len(array.dimensions)))
+        result.append(Leaf(array.element_type, array.dimensions, order, "<=" in dims_text))
     return result
 
 
@@ -130,7 +127,7 @@ def plan_collective(
     if len(dtypes) != 1:
         return f"mixed element types {sorted(dtypes)}"
     dtype = dtypes.pop()
-    if dtype not in DTYPES[backend]:
+    if dtype not in ELEMENT_TYPES[backend]:
         return f"element type {dtype} is not supported by the {backend} runtime"
     if any(leaf.dynamic for leaf in ins + outs):
         return "dynamic shapes"
@@ -182,25 +179,6 @@ def reduction_of(module: Module, op: Instruction) -> str | None:
     return REDUCTIONS[root.opcode]
 
 
-def ffi_dictionary(items: dict[str, int | str | tuple[int, ...]]) -> str:
-    """An MLIR dictionary attribute, the form XLA's typed FFI reads from backend_config."""
-    parts = []
-    for key, value in items.items():
-        if isinstance(value, bool):
-            raise TypeError(f"{key}: booleans are not used")
-        if isinstance(value, int):
-            parts.append(f"{key} = {value} : i64")
-        elif isinstance(value, str):
-            parts.append(f'{key} = "{value}"')
-        else:
-            parts.append(
-                f"{key} = array<i64: {', '.join(map(str, value))}>"
-                if value
-                else f"{key} = array<i64>"
-            )
-    return "{" + ", ".join(parts) + "}"
-
-
 @dataclass(frozen=True)
 class LowerToFfi(ModulePass):
     name = "lower-to-ffi"
@@ -210,7 +188,7 @@ class LowerToFfi(ModulePass):
     devices: tuple[int, ...] = ()  # the module's device assignment (the CUDA runtime's ranks)
 
     def __post_init__(self) -> None:
-        if self.backend not in ("host", "cuda"):
+        if self.backend not in BACKENDS:
             raise ValueError(f"backend must be host or cuda, not {self.backend!r}")
         if len(set(self.devices)) != len(self.devices) or min(self.devices, default=0) < 0:
             raise ValueError(f"devices must be distinct non-negative ids, not {self.devices}")
@@ -266,36 +244,29 @@ def lower_to_ffi(
         else:
             extra = []
         groups = pair.groups
-        attributes: dict[str, int | str | tuple[int, ...]] = {
-            "op_id": op_id,
-            "name": start.name,
-            "kind": spec.kind,
-            "stream": stream,
-            "reduction": spec.reduction,
-            "groups": tuple(d for g in groups for d in g),
-            "group_sizes": tuple(len(g) for g in groups),
-            "dimension": spec.dimension,
-            "outer": spec.outer,
-            "channel": spec.channel,
-            "num_partitions": module.num_partitions,
-        }
-        if devices:
-            attributes["device_ids"] = devices
+        call = CollectiveCall(
+            op_id=op_id,
+            name=start.name,
+            kind=spec.kind,
+            stream=stream,
+            reduction=spec.reduction,
+            groups=tuple(d for g in groups for d in g),
+            group_sizes=tuple(len(g) for g in groups),
+            dimension=spec.dimension,
+            outer=spec.outer,
+            channel=spec.channel,
+            num_partitions=module.num_partitions,
+            device_ids=devices,
+        )
         new_start = Instruction.create(
             comp,
             start.name,
             done.shape_text,
             "custom-call",
             ", ".join(operands + extra),
-            _custom_call_attributes(start, START_TARGET, ffi_dictionary(attributes)),
+            _custom_call_attributes(start, START_TARGET, call.start_config()),
         )
-        done_config: dict[str, int | str | tuple[int, ...]] = {
-            "op_id": op_id,
-            "name": start.name,
-            "kind": spec.kind,
-            "stream": stream,
-        }
-        done_attributes = _custom_call_attributes(done, DONE_TARGET, ffi_dictionary(done_config))
+        done_attributes = _custom_call_attributes(done, DONE_TARGET, call.done_config())
         done_attributes = {
             "output_to_operand_aliasing": _aliasing(done.shape_text),
             **done_attributes,
@@ -373,9 +344,10 @@ def _custom_call_attributes(source: Instruction, target: str, config: str) -> di
 
 def _aliasing(shape_text: str) -> str:
     """The done's result is the start's result (operand 0), leaf by leaf."""
-    count = len(leaves(shape_text))
-    if not shape_text.lstrip().startswith("("):
+    shape = parse_shape(shape_text)
+    if not shape.is_tuple:
         return "{{}: (0, {})}"
+    count = len(shape.leaves())
     return "{" + ", ".join(f"{{{i}}}: (0, {{{i}}})" for i in range(count)) + "}"
 
 

@@ -7,24 +7,28 @@ executes rather than on the intervals find-async-pairs computed: the program is
 walked from ENTRY in schedule order, entering the callee of every control-flow
 instruction at each of its calls, keeping the set of collectives in flight; at
 each start, none in flight may share two or more devices with it on another
-stream. Linear in the instructions executed times the collectives in flight.
+stream. Linear in the instructions executed; the rule's test indexes the groups
+in flight by device (``collectives.InFlight``), its work bounded by
+``MAX_RULE_WORK``: past it the module is refused with an error at the collective.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
+from typing import Any
 
-from xla_streams.collectives import SYNC_PAIR_STREAM, AsyncPair, StreamAssignment
+from xla_streams.collectives import (
+    SYNC_PAIR_STREAM,
+    AsyncPair,
+    InFlight,
+    RuleWorkExceeded,
+    StreamAssignment,
+)
 from xla_streams.hlo import Module
+from xla_streams.hlo.attributes import CONTROL_FLOW_CALLEES, control_flow_callees
 from xla_streams.passes.base import Compilation, Fact, ModulePass, VerificationError
 
-# Control-flow instructions and the attributes naming what they run, in the order
-# they run it (a while's condition before its body; one branch of a conditional).
-_RUNS = {
-    "while": ("condition", "body"),
-    "conditional": ("branch_computations", "true_computation", "false_computation"),
-    "call": ("to_apply",),
-}
 # Instructions walked at most; a module needing more is refused, not half-checked.
 MAX_WALK = 20_000_000
 
@@ -76,32 +80,74 @@ def verify_streams(
     if extra:
         raise VerificationError(f"streams assigned to unknown pairs: {', '.join(sorted(extra))}")
     placed = {p.start: p for p in pairs if p.needs_stream}
-    by_channel: dict[int, list[AsyncPair]] = {}
+    # The sends and the recvs of each channel, by stream: one send and one recv on
+    # different streams break the rule (linear, however many share a channel).
+    by_channel: dict[int, dict[str, dict[int | None, AsyncPair]]] = {}
     for p in placed.values():
-        if p.channel is not None:  # sends and recvs
-            by_channel.setdefault(p.channel, []).append(p)
-    for p, q in ((p, q) for group in by_channel.values() for p in group for q in group):
-        stream, other = assignment.stream_of[p.start], assignment.stream_of[q.start]
-        if p.halves_of_one_permute(q) and stream != other:
-            raise VerificationError(
-                f"{_name(p)} and {_name(q)} are the send and recv of one permute, but on "
-                f"streams {stream} and {other}"
-            )
-    if module is None:
-        _check_occurrences(list(placed.values()), assignment)
-    else:
-        _walk(module, placed, assignment)
+        if p.channel is not None and p.kind in ("send", "recv"):
+            on = by_channel.setdefault(p.channel, {}).setdefault(p.kind, {})
+            on.setdefault(assignment.stream_of[p.start], p)
+    for halves in by_channel.values():
+        for stream, p in halves.get("send", {}).items():
+            for other, q in halves.get("recv", {}).items():
+                if other != stream:
+                    raise VerificationError(
+                        f"{_name(p)} and {_name(q)} are the send and recv of one permute, but "
+                        f"on streams {stream} and {other}"
+                    )
+    try:
+        if module is None:
+            _check_occurrences(list(placed.values()), assignment)
+        else:
+            _walk(module, placed, assignment)
+    except RuleWorkExceeded as e:
+        if module is None:
+            raise VerificationError(str(e)) from None
+        raise e.located(module) from None
 
 
-def _check(p: AsyncPair, in_flight: list[AsyncPair], assignment: StreamAssignment) -> None:
-    stream = assignment.stream_of[p.start]
-    for q in in_flight:
-        if q is not p and assignment.stream_of[q.start] != stream and p.shares_devices_with(q):
-            raise VerificationError(
-                f"deadlock rule broken: {_name(q)} on stream {assignment.stream_of[q.start]} "
-                f"and {_name(p)} on stream {stream} are in flight together and share two or "
-                "more devices"
-            )
+class _Rule:
+    """The deadlock rule over the pairs in flight: at each start, none in flight may
+    share two or more devices with it on another stream (:class:`InFlight` finds the
+    groupings that share; each keeps its holders in flight by stream)."""
+
+    def __init__(self, assignment: StreamAssignment) -> None:
+        self.stream_of = assignment.stream_of
+        self.flight = InFlight()
+        # grouping -> stream -> start name -> (pair, occurrences in flight)
+        self.holders: dict[int, dict[int | None, dict[str, list[Any]]]] = {}
+        self.count: dict[str, int] = {}  # start name -> occurrences in flight
+
+    def start(self, p: AsyncPair) -> None:
+        stream = self.stream_of[p.start]
+        for grouping in self.flight.conflicts(p):
+            for other, held in self.holders[grouping].items():
+                if other != stream:
+                    q = next(iter(held.values()))[0]
+                    raise VerificationError(
+                        f"deadlock rule broken: {_name(q)} on stream {other} and {_name(p)} on "
+                        f"stream {stream} are in flight together and share two or more devices"
+                    )
+        self.count[p.start] = self.count.get(p.start, 0) + 1
+        begun = self.flight.begin(p)
+        if begun is not None:
+            held = self.holders.setdefault(begun, {}).setdefault(stream, {})
+            held.setdefault(p.start, [p, 0])[1] += 1
+
+    def done(self, p: AsyncPair) -> None:
+        if not self.count.get(p.start):
+            return  # a done met without its start (its computation entered mid-pair)
+        self.count[p.start] -= 1
+        grouping = self.flight.finish(p)
+        if grouping is not None:
+            by_stream = self.holders[grouping]
+            stream = self.stream_of[p.start]
+            entry = by_stream[stream][p.start]
+            entry[1] -= 1
+            if not entry[1]:
+                del by_stream[stream][p.start]
+                if not by_stream[stream]:
+                    del by_stream[stream]
 
 
 def _walk(module: Module, placed: dict[str, AsyncPair], assignment: StreamAssignment) -> None:
@@ -112,7 +158,7 @@ def _walk(module: Module, placed: dict[str, AsyncPair], assignment: StreamAssign
     for root in roots:
         if root.name in reached:
             continue
-        in_flight: list[AsyncPair] = []
+        rule = _Rule(assignment)
         # A stack of (computation, next instruction index) frames.
         stack = [(root, 0)]
         reached.add(root.name)
@@ -128,33 +174,29 @@ def _walk(module: Module, placed: dict[str, AsyncPair], assignment: StreamAssign
             inst = comp.instructions[i]
             stack.append((comp, i + 1))
             if inst.name in placed and comp.name == placed[inst.name].computation:
-                p = placed[inst.name]
-                _check(p, in_flight, assignment)
-                in_flight.append(p)
+                rule.start(placed[inst.name])
             elif inst.name in done_of and comp.name == done_of[inst.name].computation:
-                p = done_of[inst.name]
-                if p in in_flight:
-                    in_flight.remove(p)
-            called = []
-            for key in _RUNS.get(inst.opcode, ()):
-                value = inst.attribute(key)
-                for name in (value or "").strip("{}").split(","):
-                    callee = module.computation(name.strip().lstrip("%"))
-                    if callee is not None:
-                        called.append(callee)
+                rule.done(done_of[inst.name])
+            if inst.opcode not in CONTROL_FLOW_CALLEES:
+                continue  # most instructions: they call nothing
+            called = [
+                callee
+                for _, name in control_flow_callees(inst)
+                if (callee := module.computation(name)) is not None
+            ]
             for callee in reversed(called):  # the first runs first
                 reached.add(callee.name)
                 stack.append((callee, 0))
 
 
 def _check_occurrences(pairs: list[AsyncPair], assignment: StreamAssignment) -> None:
-    events = sorted((a, b, p.start) for p in pairs for a, b in p.occurrences)
-    by_start = {p.start: p for p in pairs}
-    active: list[tuple[int, AsyncPair]] = []
-    for a, b, name in events:
-        active = [(end, q) for end, q in active if end > a]
-        _check(by_start[name], [q for _, q in active], assignment)
-        active.append((b, by_start[name]))
+    rule = _Rule(assignment)
+    ending: list[tuple[int, int]] = []  # (done, pair index), a heap
+    for a, b, i in sorted((a, b, i) for i, p in enumerate(pairs) for a, b in p.occurrences):
+        while ending and ending[0][0] <= a:
+            rule.done(pairs[heapq.heappop(ending)[1]])
+        rule.start(pairs[i])
+        heapq.heappush(ending, (b, i))
 
 
 def _name(p: AsyncPair) -> str:

@@ -29,6 +29,7 @@ from xla_streams.report import (
     human_bytes,
     schema_problems,
     to_json,
+    write_reports,
 )
 
 # Eight devices as a 2x4 mesh: %tp and %tp2 reduce over the rows {0..3},{4..7},
@@ -263,6 +264,28 @@ def test_table_without_collectives() -> None:
     table = format_table(compile_(text=text))
     assert "no async collectives" in table
     assert "0 async pairs" in table
+
+
+def test_summary_tells_sync_pairs_from_synchronous_collectives(tmp_path: Path) -> None:
+    """Two different counts: async pairs XLA runs synchronously (``summary.sync``) and
+    collectives that were never async (``synchronous_collectives``). The text names
+    both, where it once said "sync N" for the first only."""
+    table = format_table(compile_(streams=1))
+    assert (
+        "synchronous: 1 sync pair (async start and done with nothing between, which XLA "
+        "runs synchronously), 0 synchronous collectives (never async)"
+    ) in table
+    assert "; pipelined 0\n" in table and "sync 1" not in table
+    dump = Path(__file__).resolve().parent / "data" / "jax0_12_fsdp_scan.dump.hlo"
+    compilation = compile_(streams=2, text=dump.read_text())
+    report = build_report(compilation)
+    assert (report["summary"]["sync"], report["summary"]["synchronous_collectives"]) == (0, 3)
+    assert "synchronous: 0 sync pairs (" in format_table(compilation)
+    assert "3 synchronous collectives (never async)" in format_table(compilation)
+    # The index's column counts synchronous collectives, and says so.
+    write_reports(compilation, str(tmp_path), "digest")
+    header = (tmp_path / "index.txt").read_text().splitlines()[0]
+    assert "synchronous collectives" in header and " sync " not in f" {header} "
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,15 @@ Sections (``--only NAME``, repeatable):
                        vs XLA's parse + print whole process (target 0.6)
   assign               whole process: `xla-streams assign IN --streams=4` (module + JSON
                        written) vs XLA's parse + print whole process
+  opt-net              the stricter ratio, which measures us against XLA's C++ itself:
+                       (`xla-streams opt IN -p ''` - a bare `python -c pass`) /
+                       (XLA's parse + print process - a process that only imports
+                       jaxlib's _hlo) (target 0.6)
+  assign-net           the same for `xla-streams assign IN --streams=4` (target 1.0)
+
+The ``-net`` sections time four processes per round, alternately, and take the
+ratio of the differences of their medians. ``--busy`` keeps one more core busy (a
+spinning child process) while the sections run, as a loaded machine would be.
 
 jax >= 0.11 prints an async all-reduce with an attribute its own parser rejects
 (``output_to_operand_aliasing={{1}: (0, {})}``): XLA is given the text without it.
@@ -34,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import contextlib
 import cProfile
 import gc
 import os
@@ -46,9 +56,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from xla_streams.hlo import parse_module, parse_shape
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "hlo_fixtures"
@@ -77,6 +89,16 @@ class Section:
     ours_command: Callable[[Bench], str]
     reference_command: Callable[[Bench], str]
     in_process: bool = False  # --profile works only for in-process sections
+    # Net sections: each side minus its base (a process that does everything but the
+    # work compared), and the ratio is (ours - ours_base) / (reference - reference_base).
+    ours_base: Callable[[Bench], Timed] | None = None
+    reference_base: Callable[[Bench], Timed] | None = None
+    ours_base_command: Callable[[Bench], str] = lambda b: ""
+    reference_base_command: Callable[[Bench], str] = lambda b: ""
+
+    @property
+    def net(self) -> bool:
+        return self.ours_base is not None and self.reference_base is not None
 
 
 # -- in-process parse + print ---------------------------------------------------------
@@ -84,19 +106,12 @@ class Section:
 
 def _clear_front_end_caches() -> None:
     """Forget shapes seen by earlier runs, so every run parses from cold."""
-    from xla_streams.hlo import module, shape
-
-    cached = getattr(shape.parse_shape, "cache_clear", None)
+    cached = getattr(parse_shape, "cache_clear", None)
     if cached is not None:
         cached()
-    seen = getattr(module, "_SHAPES_SEEN", None)
-    if isinstance(seen, set):
-        seen.clear()
 
 
 def ours_parse_print(b: Bench) -> Timed:
-    from xla_streams.hlo import parse_module
-
     text, path = b.text, str(b.path)
 
     def run() -> None:
@@ -143,6 +158,13 @@ _hlo.hlo_module_from_text(text).to_string()
 """
 
 
+# The base of XLA's side: the interpreter and jaxlib's _hlo imported, nothing parsed.
+XLA_IMPORT_SNIPPET = """\
+import re, sys
+from jaxlib import _hlo
+"""
+
+
 def _process(argv: list[str], env: dict[str, str]) -> Timed:
     def run() -> None:
         result = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
@@ -158,6 +180,22 @@ def _ours_process_argv(b: Bench) -> list[str]:
 
 def _xla_process_argv(b: Bench) -> list[str]:
     return [b.python, "-c", XLA_SNIPPET, str(b.path)]
+
+
+def _xla_import_argv(b: Bench) -> list[str]:
+    return [b.python, "-c", XLA_IMPORT_SNIPPET, str(b.path)]
+
+
+def _bare_argv(b: Bench) -> list[str]:
+    return [b.python, "-c", "pass"]
+
+
+def xla_import_process(b: Bench) -> Timed:
+    return _process(_xla_import_argv(b), b.env)
+
+
+def bare_process(b: Bench) -> Timed:
+    return _process(_bare_argv(b), b.env)
 
 
 def ours_parse_print_process(b: Bench) -> Timed:
@@ -194,6 +232,34 @@ def _opt_argv(b: Bench) -> list[str]:
 
 def ours_opt(b: Bench) -> Timed:
     return _process(_opt_argv(b), b.env)
+
+
+def _console_script(b: Bench) -> list[str]:
+    """How a user starts us: the ``xla-streams`` console script beside the interpreter
+    (run by that interpreter, as its shebang says), else ``python -m xla_streams``."""
+    script = Path(b.python).parent / "xla-streams"
+    return [b.python, str(script)] if script.is_file() else [b.python, "-m", "xla_streams"]
+
+
+def _opt_net_argv(b: Bench) -> list[str]:
+    out = b.tmp / "opt-net.out.hlo"
+    return [*_console_script(b), "opt", str(b.path), "-p", "", f"--output={out}"]
+
+
+def _assign_net_argv(b: Bench) -> list[str]:
+    out, js = b.tmp / "assign-net.out.hlo", b.tmp / "assign-net.out.json"
+    return [
+        *_console_script(b), "assign", str(b.path), "--streams=4", f"--output={out}",
+        f"--json={js}",
+    ]  # fmt: skip
+
+
+def _xla_net_command(b: Bench) -> str:
+    return _snippet_command(_xla_process_argv(b), "jaxlib parse+print")
+
+
+def _xla_net_base_command(b: Bench) -> str:
+    return _snippet_command(_xla_import_argv(b), "import jaxlib._hlo")
 
 
 SECTIONS: list[Section] = [
@@ -234,6 +300,32 @@ SECTIONS: list[Section] = [
         ours_command=lambda b: shlex.join(_assign_argv(b)),
         reference_command=lambda b: _snippet_command(_xla_process_argv(b), "jaxlib parse+print"),
     ),
+    Section(
+        name="opt-net",
+        title="xla-streams opt -p '' - python -c pass vs XLA parse + print - jaxlib import",
+        target=0.6,
+        ours=lambda b: _process(_opt_net_argv(b), b.env),
+        reference=xla_parse_print_process,
+        ours_command=lambda b: shlex.join(_opt_net_argv(b)),
+        reference_command=_xla_net_command,
+        ours_base=bare_process,
+        reference_base=xla_import_process,
+        ours_base_command=lambda b: shlex.join(_bare_argv(b)),
+        reference_base_command=_xla_net_base_command,
+    ),
+    Section(
+        name="assign-net",
+        title="xla-streams assign - python -c pass vs XLA parse + print - jaxlib import",
+        target=1.0,
+        ours=lambda b: _process(_assign_net_argv(b), b.env),
+        reference=xla_parse_print_process,
+        ours_command=lambda b: shlex.join(_assign_net_argv(b)),
+        reference_command=_xla_net_command,
+        ours_base=bare_process,
+        reference_base=xla_import_process,
+        ours_base_command=lambda b: shlex.join(_bare_argv(b)),
+        reference_base_command=_xla_net_base_command,
+    ),
 ]
 
 
@@ -254,15 +346,65 @@ def measure(fn: Timed) -> float:
     return time.perf_counter() - begin
 
 
-def run_section(section: Section, bench: Bench, repeat: int) -> tuple[list[float], list[float]]:
-    ours, reference = section.ours(bench), section.reference(bench)
-    measure(ours)  # warm-up: imports, page cache
-    measure(reference)
-    ours_times, reference_times = [], []
-    for _ in range(repeat):  # interleaved, so drifting machine load hits both alike
-        ours_times.append(measure(ours))
-        reference_times.append(measure(reference))
-    return ours_times, reference_times
+@dataclass
+class Result:
+    """The timed runs of a section: ours and the reference, and for net sections their
+    bases; medians, and the ratio against the target."""
+
+    section: Section
+    ours: list[float]
+    reference: list[float]
+    ours_base: list[float] = field(default_factory=list)
+    reference_base: list[float] = field(default_factory=list)
+
+    def median(self, side: str) -> float:
+        runs: list[float] = getattr(self, side)
+        return statistics.median(runs) if runs else 0.0
+
+    @property
+    def ours_net(self) -> float:
+        return self.median("ours") - self.median("ours_base")
+
+    @property
+    def reference_net(self) -> float:
+        return self.median("reference") - self.median("reference_base")
+
+    @property
+    def ratio(self) -> float:
+        return self.ours_net / self.reference_net
+
+    @property
+    def ok(self) -> bool:
+        return self.ratio <= self.section.target
+
+
+def run_section(section: Section, bench: Bench, repeat: int) -> Result:
+    sides = {"ours": section.ours(bench), "reference": section.reference(bench)}
+    if section.ours_base is not None and section.reference_base is not None:
+        sides["ours_base"] = section.ours_base(bench)
+        sides["reference_base"] = section.reference_base(bench)
+    for fn in sides.values():
+        measure(fn)  # warm-up: imports, page cache
+    result = Result(section, [], [])
+    for _ in range(repeat):  # interleaved, so drifting machine load hits every side alike
+        for side, fn in sides.items():
+            getattr(result, side).append(measure(fn))
+    return result
+
+
+@contextlib.contextmanager
+def other_core_busy(python: str, busy: bool) -> Iterator[None]:
+    """With ``busy``, a child process spins for as long as the block runs."""
+    if not busy:
+        yield
+        return
+    spinner = subprocess.Popen([python, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)  # let it start spinning before the first timed run
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
 
 
 def profile(section: Section, bench: Bench, top: int) -> None:
@@ -280,6 +422,32 @@ def profile(section: Section, bench: Bench, top: int) -> None:
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1e3:9.1f}"
+
+
+def print_table(rows: list[Result], bench: Bench) -> None:
+    header = f"{'section':22s} {'ours ms':>9s} {'ref ms':>9s} {'ratio':>7s} {'target':>7s}  ok"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r.section.name:22s} {ms(r.ours_net)} {ms(r.reference_net)} {r.ratio:6.2f}x "
+              f"{r.section.target:6.1f}x  {'yes' if r.ok else 'NO'}")  # fmt: skip
+    if any(r.section.net for r in rows):
+        print("(-net: the median of each side minus the median of its base)")
+    print()
+    for r in rows:
+        section = r.section
+        print(f"{section.name}: {section.title}")
+        lines = [
+            ("ours", section.ours_command(bench), r.ours),
+            ("ref", section.reference_command(bench), r.reference),
+        ]
+        if section.net:
+            lines[1:1] = [("- base", section.ours_base_command(bench), r.ours_base)]
+            lines.append(("- base", section.reference_base_command(bench), r.reference_base))
+        for label, command, runs in lines:
+            print(f"  {label + ':':7s} {command}")
+            print(f"          runs ms: {' '.join(f'{t * 1e3:.1f}' for t in runs)}"
+                  f"  (median {statistics.median(runs) * 1e3:.1f})")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,6 +472,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--check", action="store_true", help="exit 1 when a ratio misses its target"
     )
+    parser.add_argument(
+        "--busy",
+        action="store_true",
+        help="keep another core busy (a spinning child process) while timing",
+    )
     args = parser.parse_args(argv)
 
     by_name = {s.name: s for s in SECTIONS}
@@ -323,7 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     # Processes start as they do for a user: from compiled bytecode (jax's was compiled
     # when pip installed it; ours is compiled here), whatever this shell says.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    compileall.compile_dir(REPO / "xla_streams", quiet=1)
+    for package in ("xla_streams", "passes"):  # passes/ is xla_streams.passes
+        compileall.compile_dir(REPO / package, quiet=1)
     env.setdefault("JAX_PLATFORMS", "cpu")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -336,37 +510,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"jaxlib:  {jaxlib.__version__}")
     except ImportError:
         print("jaxlib:  not installed (the reference sides cannot run)")
-    print(f"runs:    median of {args.repeat} per side, interleaved, after one warm-up each\n")
+    print(f"runs:    median of {args.repeat} per side, interleaved, after one warm-up each")
+    print(f"load:    {'another core kept busy by a spinning process' if args.busy else 'none'}\n")
 
-    rows = []
-    failed = False
     with tempfile.TemporaryDirectory(prefix="xla_streams_bench.") as tmp:
         bench = Bench(path=path, text=text, tmp=Path(tmp), env=env)
-        for section in chosen:
-            ours_times, reference_times = run_section(section, bench, args.repeat)
-            ours_median = statistics.median(ours_times)
-            reference_median = statistics.median(reference_times)
-            ratio = ours_median / reference_median
-            ok = ratio <= section.target
-            failed |= not ok
-            rows.append(
-                (section, ours_median, reference_median, ratio, ok, ours_times, reference_times)
-            )
-
-        header = f"{'section':22s} {'ours ms':>9s} {'ref ms':>9s} {'ratio':>7s} {'target':>7s}  ok"
-        print(header)
-        print("-" * len(header))
-        for section, o, r, ratio, ok, _, _ in rows:
-            print(f"{section.name:22s} {ms(o)} {ms(r)} {ratio:6.2f}x {section.target:6.1f}x  "
-                  f"{'yes' if ok else 'NO'}")  # fmt: skip
-        print()
-        for section, _, _, _, _, ours_times, reference_times in rows:
-            print(f"{section.name}: {section.title}")
-            print(f"  ours: {section.ours_command(bench)}")
-            print(f"        runs ms: {' '.join(f'{t * 1e3:.1f}' for t in ours_times)}")
-            print(f"  ref:  {section.reference_command(bench)}")
-            print(f"        runs ms: {' '.join(f'{t * 1e3:.1f}' for t in reference_times)}")
-
+        with other_core_busy(sys.executable, args.busy):
+            rows = [run_section(section, bench, args.repeat) for section in chosen]
+        failed = not all(r.ok for r in rows)
+        print_table(rows, bench)
         for name in args.profile:
             section = by_name[name]
             if not section.in_process:

@@ -47,6 +47,7 @@ from xla_streams import runtime
 from xla_streams.pipeline import build_pipeline
 from xla_streams.plugin import hook
 from xla_streams.plugin.xla_module import module_text
+from xla_streams.runtime import abi
 
 FFI = {"on": False, "lowered": 0}
 
@@ -55,7 +56,8 @@ def callback(serialized: bytes) -> bytes | None:
     if not FFI["on"]:
         return None
     compilation = hook.run_pipeline(module_text(serialized)[1], build_pipeline(4, runtime="host"))
-    FFI["lowered"] += compilation.module.print().count('custom_call_target="xla_streams_start"')
+    lowered = compilation.module.print().count(f'custom_call_target="{abi.START_TARGET}"')
+    FFI["lowered"] += lowered
     return hook.back_to_xla(serialized, compilation)
 
 

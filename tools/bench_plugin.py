@@ -39,6 +39,10 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from xla_streams import aot, jax_compat, plugin, xla_options  # noqa: E402
+from xla_streams.plugin import hook  # noqa: E402
+from xla_streams.programs import PROGRAMS  # noqa: E402
+
 
 def cpu_compile_seconds(program: Any, devices: list[Any]) -> tuple[float, float]:
     """(wall, CPU) seconds of one fresh compile; CPU time (all threads of this process)
@@ -53,10 +57,6 @@ def cpu_compile_seconds(program: Any, devices: list[Any]) -> tuple[float, float]
 
 def bench_cpu(program_name: str, runs: int, reports: bool) -> dict[str, Any]:
     import jax
-
-    from xla_streams import plugin
-    from xla_streams.plugin import hook
-    from xla_streams.programs import PROGRAMS
 
     jax.config.update("jax_enable_compilation_cache", False)
     program = PROGRAMS[program_name]
@@ -98,10 +98,6 @@ def bench_cpu(program_name: str, runs: int, reports: bool) -> dict[str, Any]:
 
 
 def bench_gpu(program_name: str, runs: int) -> dict[str, Any] | None:
-    from xla_streams import aot, jax_compat, plugin, xla_options
-    from xla_streams.plugin import hook
-    from xla_streams.programs import PROGRAMS
-
     if jax_compat.cuda_plugin_module() is None:
         return None
     program = PROGRAMS[program_name]

@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from xla_streams.collectives import POLICIES  # noqa: E402
-from xla_streams.hlo import parse_module  # noqa: E402
+from xla_streams.hlo import parse_module, parse_shape  # noqa: E402
 from xla_streams.passes.base import Compilation  # noqa: E402
 from xla_streams.pipeline import PassManager  # noqa: E402
 from xla_streams.simulate import Simulator, get_target, what_if  # noqa: E402
@@ -45,9 +45,7 @@ TARGET_RATIO = 2.0
 
 def _clear_caches() -> None:
     """The front end's shape cache, so that every run parses from scratch."""
-    from xla_streams.hlo import shape
-
-    shape.parse_shape.cache_clear()
+    parse_shape.cache_clear()
 
 
 def assign(text: str, path: str) -> Callable[[], None]:

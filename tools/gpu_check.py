@@ -94,6 +94,19 @@ for _path in (str(REPO), str(HERE)):
 
 from prove_native_streams import thunk_streams  # noqa: E402
 
+import xla_streams  # noqa: E402
+from xla_streams import programs, runtime  # noqa: E402
+from xla_streams.hlo import parse_module  # noqa: E402
+from xla_streams.passes.assign_streams import assign_streams  # noqa: E402
+from xla_streams.plugin import hook  # noqa: E402
+from xla_streams.runtime import abi  # noqa: E402
+from xla_streams.simulate import Simulator, get_target  # noqa: E402
+from xla_streams.simulate.calibration import (  # noqa: E402
+    Calibration,
+    compare_kernel_classes,
+    load_calibration,
+)
+
 SCHEMA = "xla_streams.gpu_check.v1"
 # The whole run; a session has 15 minutes of GPU time for everything, reruns included.
 BUDGET_S = 280.0
@@ -529,11 +542,6 @@ def calibrate(
     """The calibration (ratios for TARGET) from measured per-instruction kernel times of
     one step of the module ``hlo_text``, and the figures: per class and per step,
     predicted (before and after calibration) against measured."""
-    from xla_streams.hlo import parse_module
-    from xla_streams.passes.assign_streams import assign_streams
-    from xla_streams.simulate import Simulator, get_target
-    from xla_streams.simulate.calibration import Calibration, compare_kernel_classes
-
     module = parse_module(hlo_text, "<compiled>")
     target = get_target(TARGET)
     classes = compare_kernel_classes(module, target, measured)
@@ -723,8 +731,6 @@ def build_program(name: str) -> tuple[Any, Any, list[Any]]:
     """(jitted step, its abstract arguments, the devices), for the GPU(s) JAX sees."""
     import jax
 
-    from xla_streams import programs
-
     devices = jax.devices()
     spec = programs.PROGRAMS[name]
     fn, args = spec.build(devices[: spec.num_devices])
@@ -776,9 +782,6 @@ def profiled(log_dir: Path, compiled: Any, inputs: Any, steps: int) -> None:
 def child_native(folder: Path, streams: int, steps: int) -> None:
     """Plugin on at ``streams`` (switched on before JAX starts, as a user would), then off
     in the same process: XLA's options are the same both times."""
-    import xla_streams
-    from xla_streams.plugin import hook
-
     result = Result(folder / "result.json")
     xla_streams.enable(streams, report_dir=str(folder / "reports"), strict=True)
     import jax
@@ -842,9 +845,6 @@ def child_calibrate(folder: Path, program: str, steps: int) -> None:
 def child_overhead(folder: Path, program: str, seconds: float) -> None:
     """Compiles with the hook (the plugin on since start-up), then without it; the first
     compile of the process is a warm-up."""
-    import xla_streams
-    from xla_streams.plugin import hook
-
     result = Result(folder / "result.json")
     xla_streams.enable(4)
     import jax
@@ -901,71 +901,64 @@ def child_build(folder: Path) -> None:
 
 # The ffi child: collectives called directly through the runtime's custom calls, on a
 # one-rank communicator (the device group {0}).
-FFI_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-# The element types lower-to-ffi hands the CUDA runtime, by XLA's and numpy's names.
-FFI_DTYPES = {
+FFI_KINDS = abi.KINDS
+NUMPY_NAMES = {
     "f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64",
-    "s32": "int32", "s8": "int8", "pred": "bool", "s64": "int64", "u8": "uint8",
-    "u32": "uint32", "u64": "uint64",
+    "s8": "int8", "s16": "int16", "s32": "int32", "s64": "int64", "pred": "bool",
+    "u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64",
 }  # fmt: skip
+# The element types lower-to-ffi hands the CUDA runtime, by XLA's and numpy's names.
+FFI_DTYPES = {dtype: NUMPY_NAMES[dtype] for dtype in abi.ELEMENT_TYPES["cuda"]}
 OVERHEAD_SIZES = {"1 KiB": 1 << 10, "1 MiB": 1 << 20, "64 MiB": 64 << 20}
 EVENT_ELEMENTS = 1 << 28  # f32: 1 GiB, long enough to watch it overlap a matmul
 MATMUL = 8192  # bf16 [8192, 8192] @ [8192, 8192]: about 1.1 TFLOP
 
 
-def ffi_attributes(
+def ffi_call_of(
     op_id: int, kind: str, stream: int, name: str = "", groups: tuple[int, ...] = (0,),
     device_ids: tuple[int, ...] = (),
-) -> dict[str, Any]:  # fmt: skip
-    """The start's attributes as lower-to-ffi writes them (see csrc/common.h)."""
-    import numpy as np
-
+) -> abi.CollectiveCall:  # fmt: skip
+    """A one-rank collective's attributes, as lower-to-ffi would write them."""
     one_dimension = kind in ("all-gather", "reduce-scatter", "all-to-all")
     if kind == "collective-permute":
         groups = (0, 0)  # one (source, target) pair: to itself
-    attrs: dict[str, Any] = {
-        "op_id": np.int64(op_id),
-        "name": name or f"gpu_check.{kind}",
-        "kind": kind,
-        "stream": np.int64(stream),
-        "reduction": "add" if kind in ("all-reduce", "reduce-scatter") else "",
-        "groups": np.array(groups, dtype=np.int64),
-        "group_sizes": np.array([len(groups)], dtype=np.int64),
-        "dimension": np.int64(0 if one_dimension else -1),
-        "outer": np.array([1] if one_dimension else [], dtype=np.int64),
-        "channel": np.int64(op_id + 1),
-        "num_partitions": np.int64(1),
-    }
-    if device_ids:
-        attrs["device_ids"] = np.array(device_ids, dtype=np.int64)
-    return attrs
+    return abi.CollectiveCall(
+        op_id=op_id,
+        name=name or f"gpu_check.{kind}",
+        kind=kind,
+        stream=stream,
+        reduction="add" if kind in ("all-reduce", "reduce-scatter") else "",
+        groups=groups,
+        group_sizes=(len(groups),),
+        dimension=0 if one_dimension else -1,
+        outer=(1,) if one_dimension else (),
+        channel=op_id + 1,
+        num_partitions=1,
+        device_ids=device_ids,
+    )
 
 
-def ffi_start(x: Any, attrs: dict[str, Any], out: Any = None) -> Any:
+def ffi_start(x: Any, call: abi.CollectiveCall, out: Any = None) -> Any:
     import jax
 
-    from xla_streams import runtime
-
     shape = out if out is not None else jax.ShapeDtypeStruct(x.shape, x.dtype)
-    return jax.ffi.ffi_call(runtime.START_TARGET, shape, has_side_effect=True)(x, **attrs)
+    start = jax.ffi.ffi_call(abi.START_TARGET, shape, has_side_effect=True)
+    return start(x, **runtime.ffi_attributes(call.start_attributes()))
 
 
-def ffi_done(started: Any, x: Any, attrs: dict[str, Any], *after: Any) -> Any:
+def ffi_done(started: Any, x: Any, call: abi.CollectiveCall, *after: Any) -> Any:
     """The done of ``started``; ``after``: values it must wait for (extra operands)."""
     import jax
 
-    from xla_streams import runtime
-
-    keep = {k: attrs[k] for k in ("op_id", "name", "kind", "stream")}
     shape = jax.ShapeDtypeStruct(started.shape, started.dtype)
-    call = jax.ffi.ffi_call(
-        runtime.DONE_TARGET, shape, has_side_effect=True, input_output_aliases={0: 0}
+    done = jax.ffi.ffi_call(
+        abi.DONE_TARGET, shape, has_side_effect=True, input_output_aliases={0: 0}
     )
-    return call(started, x, *after, **keep)
+    return done(started, x, *after, **runtime.ffi_attributes(call.done_attributes()))
 
 
-def ffi_pair(x: Any, attrs: dict[str, Any], out: Any = None) -> Any:
-    return ffi_done(ffi_start(x, attrs, out), x, attrs)
+def ffi_pair(x: Any, call: abi.CollectiveCall, out: Any = None) -> Any:
+    return ffi_done(ffi_start(x, call, out), x, call)
 
 
 @functools.cache
@@ -994,8 +987,6 @@ def child_ffi(folder: Path) -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from xla_streams import runtime
-
     result = Result(folder / "result.json")
     runtime.register("cuda")
     result["nccl_version"] = int(runtime.load("cuda").xs_cuda_nccl_version())
@@ -1008,7 +999,7 @@ def child_ffi(folder: Path) -> None:
         def pairs(v: Any) -> tuple[Any, ...]:
             # Each kind on a stream of its own: five streams in one program.
             return tuple(
-                ffi_pair(v, ffi_attributes(i, kind, stream=i)) for i, kind in enumerate(FFI_KINDS)
+                ffi_pair(v, ffi_call_of(i, kind, stream=i)) for i, kind in enumerate(FFI_KINDS)
             )
 
         for kind, got in zip(FFI_KINDS, jax.jit(pairs)(x), strict=True):
@@ -1041,9 +1032,7 @@ def ffi_events() -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
 
-    from xla_streams import runtime
-
-    reduce, gather = ffi_attributes(100, "all-reduce", 0), ffi_attributes(101, "all-gather", 1)
+    reduce, gather = ffi_call_of(100, "all-reduce", 0), ffi_call_of(101, "all-gather", 1)
 
     def step(x: Any, y: Any, a: Any, b: Any) -> Any:
         s1, s2 = ffi_start(x, reduce), ffi_start(y, gather)
@@ -1096,7 +1085,7 @@ def schedule_order(hlo_text: str) -> list[str]:
     order = []
     for line in entry.split("\n"):
         target = re.search(r'custom_call_target="([^"]+)"', line)
-        if target and target.group(1).startswith("xla_streams_"):
+        if target and target.group(1) in abi.TARGETS:
             order.append(target.group(1))
         elif re.search(r"cublas|gemm|matmul|\bdot\(", line, re.IGNORECASE):
             order.append("matmul")
@@ -1120,7 +1109,7 @@ def ffi_overhead() -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
 
-    ours = jax.jit(lambda v: ffi_pair(v, ffi_attributes(200, "all-reduce", stream=0)))
+    ours = jax.jit(lambda v: ffi_pair(v, ffi_call_of(200, "all-reduce", stream=0)))
     figures = {}
     for label, size in OVERHEAD_SIZES.items():
         x = jnp.ones(size // 4, jnp.float32)
@@ -1144,12 +1133,10 @@ def ffi_errors() -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
 
-    from xla_streams import runtime
-
     x = jnp.ones(1024, jnp.float32)
     wrong = jax.ShapeDtypeStruct((2048,), jnp.float32)  # a one-rank all-gather keeps 1024
-    bad_shape = ffi_attributes(300, "all-gather", 0, "gpu_check.bad_shape")
-    lonely = ffi_attributes(301, "all-reduce", 0, "gpu_check.lonely", (0, 1), device_ids=(0, 0))
+    bad_shape = ffi_call_of(300, "all-gather", 0, "gpu_check.bad_shape")
+    lonely = ffi_call_of(301, "all-reduce", 0, "gpu_check.lonely", (0, 1), device_ids=(0, 0))
     cases = {
         "bad_shape": lambda: ffi_pair(x, bad_shape, wrong),
         "lonely": lambda: ffi_pair(x, lonely),
@@ -1233,10 +1220,6 @@ def plan(out: Path, budget_s: float) -> list[str]:
 def dry_run_calibration(out: Path, record: Record) -> None:
     """The calibration path end to end, on a fixture with synthetic measurements: the
     ratios found must be the ones put in, and the file must read back the same."""
-    from xla_streams.hlo import parse_module
-    from xla_streams.simulate import Simulator, get_target
-    from xla_streams.simulate.calibration import load_calibration
-
     text = DRY_RUN_MODULE.read_text()
     kernels = Simulator(parse_module(text, str(DRY_RUN_MODULE)), get_target(TARGET)).kernels()
     measured = {

@@ -31,11 +31,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# The compile-only CUDA client needs no GPU; keep jax off real ones. Flags from the
+# environment would change the HLO (options are set per job): dropped, before anything
+# imports jax, and said in main().
+os.environ["JAX_PLATFORMS"] = "cpu"
+_IGNORED_XLA_FLAGS = os.environ.pop("XLA_FLAGS", None) is not None
+
 REPO = Path(__file__).resolve().parent.parent
 # Import xla_streams from this checkout even if another copy is installed.
 sys.path.insert(0, str(REPO))
 
-from xla_streams import xla_options  # noqa: E402
+from xla_streams import aot, jax_compat, programs, xla_options  # noqa: E402
+from xla_streams.plugin import xla_module  # noqa: E402
 
 DEFAULT_OUT = REPO / "hlo_fixtures"
 MANIFEST = "MANIFEST.json"
@@ -125,9 +132,6 @@ def _shares(all_jobs: list[Job], n: int) -> list[list[Job]]:
 
 def run_jobs(my_jobs: list[Job], out: Path) -> None:
     """Compile `my_jobs` in this process and write their files into `out`."""
-    from xla_streams import aot, jax_compat, programs
-    from xla_streams.plugin import xla_module
-
     seen_by_hook: dict[str, str] = {}
 
     def capture(serialized: bytes) -> None:
@@ -254,10 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    # The compile-only CUDA client needs no GPU; keep jax off real ones.
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    if os.environ.pop("XLA_FLAGS", None) is not None and not args.worker:
-        # Flags from the environment would change the HLO; options are set per job.
+    if _IGNORED_XLA_FLAGS and not args.worker:
         print("make_fixtures: ignoring XLA_FLAGS from the environment", file=sys.stderr)
     if args.worker:
         index, count = (int(x) for x in args.worker.split("/"))

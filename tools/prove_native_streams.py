@@ -43,6 +43,12 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+# None of these imports JAX: the proof starts it itself, after enable().
+import xla_streams  # noqa: E402
+from xla_streams import aot, programs  # noqa: E402
+from xla_streams.aot import GpuAotUnavailable  # noqa: E402
+from xla_streams.hlo import parse_module  # noqa: E402
+from xla_streams.plugin import hook  # noqa: E402
 from xla_streams.xla_options import MULTI_STREAMING  # noqa: E402
 
 _THUNK_START = re.compile(
@@ -87,8 +93,6 @@ def read_dump(dump_dir: str, module: str) -> tuple[str, dict[str, int | str]]:
 def schedule(text: str) -> list[list[str]]:
     """Per computation, the opcodes of its instructions in schedule order (names are
     renumbered from one compile to the next in a process, opcodes are not)."""
-    from xla_streams.hlo import parse_module
-
     return [[i.opcode for i in c.instructions] for c in parse_module(text).computations]
 
 
@@ -121,8 +125,6 @@ class Proof:
 
 def _compile(program: str, target: str, dump_dir: str, multi_streaming: bool) -> str:
     """Compile ``program`` deviceless with an XLA dump; returns the module's name."""
-    from xla_streams import aot, programs
-
     spec = programs.PROGRAMS[program]
     topology = aot.gpu_topology(target, spec.num_devices, spec.devices_per_host)
     fn, args = spec.build(topology.devices)
@@ -149,9 +151,6 @@ def prove(
     With ``multi_streaming``, XLA's own collective multi-streaming is on in both
     builds: alone, XLA alternates streams 0 and 1; our annotations must still win.
     """
-    import xla_streams
-    from xla_streams.plugin import hook
-
     root = out_dir or tempfile.mkdtemp(prefix="xla_streams_proof_")
     reports = os.path.join(root, "reports")
     proof = Proof(program, streams, policy)
@@ -250,8 +249,6 @@ def main(argv: list[str] | None = None) -> int:
         help="with XLA's own collective multi-streaming on in both builds",
     )
     args = parser.parse_args(argv)
-    from xla_streams.aot import GpuAotUnavailable
-
     try:
         proof = prove(
             args.program, args.streams, args.policy, args.target, args.out, args.multi_streaming

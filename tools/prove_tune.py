@@ -42,6 +42,16 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+import xla_streams  # noqa: E402
+from xla_streams import aot, programs, xla_options  # noqa: E402
+from xla_streams.collectives import StreamModel  # noqa: E402
+from xla_streams.hlo import parse_module  # noqa: E402
+from xla_streams.passes.assign_streams import assign_streams  # noqa: E402
+from xla_streams.passes.find_async_pairs import find_async_pairs  # noqa: E402
+from xla_streams.plugin import hook  # noqa: E402
+from xla_streams.simulate import Simulator, get_target  # noqa: E402
+from xla_streams.tuning.result import load_tune_result  # noqa: E402
+
 
 def _native_proof() -> Any:
     """tools/prove_native_streams.py (its dump readers), loaded by path."""
@@ -74,12 +84,6 @@ def simulated_overlaps(
 ) -> tuple[list[tuple[str, str, int, int]], dict[str, Any]]:
     """Pairs of collectives whose predicted transfers intersect in time on the
     recommended streams: (start a, start b, stream a, stream b); and the pairs by start."""
-    from xla_streams.collectives import StreamModel
-    from xla_streams.hlo import parse_module
-    from xla_streams.passes.assign_streams import assign_streams
-    from xla_streams.passes.find_async_pairs import find_async_pairs
-    from xla_streams.simulate import Simulator, get_target
-
     module = parse_module(text)
     pairs = find_async_pairs(module, StreamModel(overlap_limit, sync_on_compute=True))
     simulator = Simulator(module, get_target(target), pairs)
@@ -110,19 +114,12 @@ def prove(
     target: str = "h100",
 ) -> TuneProof:
     """Run the proof in this process (which must not have started JAX yet)."""
-    from xla_streams import xla_options
-    from xla_streams.tuning import load_tune_result
-
     best = load_tune_result(tune_file).best
     proof = TuneProof(tune_file, program, best.streams, best.policy, dict(best.xla_flags))
     root = out_dir or tempfile.mkdtemp(prefix="xla_streams_tune_proof_")
     reports, dump = os.path.join(root, "reports"), os.path.join(root, "dump")
     # What the command sets: XLA_FLAGS, and the plugin (XLA_STREAMS_COLLECTIVE_STREAMS=K).
     os.environ["XLA_FLAGS"] = " ".join(xla_options.as_xla_flags(best.xla_flags))
-    import xla_streams
-    from xla_streams import aot, programs
-    from xla_streams.plugin import hook
-
     if best.streams > 1:
         xla_streams.enable(best.streams, policy=best.policy, report_dir=reports, strict=True)
         hook.reset_stats()
@@ -144,10 +141,10 @@ def prove(
         proof.checks["XLA_FLAGS give the schedule the tuner compiled with compile options"] = (
             "ok" if got == expected else _first_difference(expected, got)
         )
-    limit = best.xla_flags.get(xla_options.OVERLAP_LIMIT, 1)
-    overlaps, by_start = simulated_overlaps(
-        dumped, best.streams, best.policy, int(limit) if isinstance(limit, int) else 1, target
-    )
+    limit = best.xla_flags.get(xla_options.OVERLAP_LIMIT)
+    if not isinstance(limit, int):  # XLA's default where the tune result sets none
+        limit = xla_options.XLA_DEFAULT_OVERLAP_LIMIT
+    overlaps, by_start = simulated_overlaps(dumped, best.streams, best.policy, int(limit), target)
     proof.overlapped = [[a, b, f"{la},{lb}"] for a, b, la, lb in overlaps]
     not_in_flight = [(a, b) for a, b, _, _ in overlaps if not by_start[a].overlaps(by_start[b])]
     proof.checks["every pair the simulator overlaps is in flight together in the schedule"] = (
@@ -203,11 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    from xla_streams.aot import GpuAotUnavailable
-
     try:
         proof = prove(args.tune_file, args.program, args.expected_hlo, args.out, args.target)
-    except GpuAotUnavailable as e:
+    except aot.GpuAotUnavailable as e:
         print(f"cannot run here: {e}", file=sys.stderr)
         return 2
     for name, value in proof.checks.items():

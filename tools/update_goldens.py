@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import sys
 import tempfile
 from pathlib import Path
+
+from xla_streams import cli
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "hlo_fixtures"
@@ -38,8 +41,6 @@ def fixtures() -> list[Path]:
 
 def compute(fixture: Path) -> tuple[int, str, str]:
     """Run the CLI's assign on ``fixture``: (exit code, JSON text, error text)."""
-    from xla_streams import cli
-
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "report.json"
         stdout, stderr = io.StringIO(), io.StringIO()
@@ -47,6 +48,16 @@ def compute(fixture: Path) -> tuple[int, str, str]:
         code = cli.main(argv, stdout=stdout, stderr=stderr)
         text = out.read_text(encoding="utf-8") if out.exists() else ""
     return code, text, stderr.getvalue()
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write ``text`` beside ``path`` and move it over: a reader never sees half a golden."""
+    staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        staged.write_bytes(text.encode("utf-8"))
+        os.replace(staged, path)
+    finally:
+        staged.unlink(missing_ok=True)
 
 
 def _shown(path: Path) -> str:
@@ -79,10 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         changed += 1
         print(f"{'differs' if args.check else 'wrote  '}  {_shown(golden)}")
         if not args.check:
-            from xla_streams._io import atomic_write
-
             REPORTS.mkdir(exist_ok=True)
-            atomic_write(golden, text)
+            _replace(golden, text)
     if not args.names:
         wanted = {golden_path(f) for f in chosen}
         for stale in sorted(REPORTS.glob("*.json")):

@@ -18,8 +18,10 @@ the command line starts fast and JAX is imported only where it is needed.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
 
+# Not typing's: importing typing costs the command line a few milliseconds, and
+# type checkers read any TYPE_CHECKING as theirs.
+TYPE_CHECKING = False
 __version__ = "0.2.0"
 
 # Public name -> the module that defines it.
@@ -30,14 +32,28 @@ _EXPORTS = {
     "current": "xla_streams.plugin",
     "disable": "xla_streams.plugin",
     "enable": "xla_streams.plugin",
-    "tune": "xla_streams.tuning",
+    "tune": "xla_streams.tuning.driver",
+    "tune_lowered": "xla_streams.tuning.driver",
+    "tune_path": "xla_streams.tuning.driver",
 }
-__all__ = ["Config", "ConfigError", "collective_streams", "current", "disable", "enable", "tune"]
+__all__ = [
+    "Config",
+    "ConfigError",
+    "collective_streams",
+    "current",
+    "disable",
+    "enable",
+    "tune",
+    "tune_lowered",
+    "tune_path",
+]
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from xla_streams.plugin import collective_streams, current, disable, enable
     from xla_streams.plugin.settings import Config, ConfigError
-    from xla_streams.tuning import tune
+    from xla_streams.tuning.driver import tune, tune_lowered, tune_path
 
 
 def __getattr__(name: str) -> Any:

@@ -73,26 +73,54 @@ def _require_gpu_aot() -> None:
         )
 
 
-def gpu_topology(target: str = "h100", num_devices: int = 8, devices_per_host: int = 8) -> Any:
-    """A compile-only CUDA topology of `num_devices` GPUs, `devices_per_host` per process.
+def topology_shape(
+    num_devices: int, devices_per_host: int = 8, hosts_per_domain: int | None = None
+) -> str:
+    """The PJRT topology string ``<partitions>x<hosts per partition>x<devices per host>``
+    of ``num_devices`` GPUs, ``devices_per_host`` per host, ``hosts_per_domain`` hosts per
+    scale-up (NVLink) domain.
 
-    The PJRT topology string is `<partitions>x<hosts per partition>x<devices per host>`;
-    one partition keeps device ids and process indices in host-major order.
-    """
-    _require_gpu_aot()
+    XLA takes a partition for one NVLink domain (its collective domain assignment and
+    scale-up overlap limit), and a real job has one partition per NVLink fabric, else
+    one per host: an H100/H200 (HGX) cluster is ``hosts_per_domain=1`` (``Hx1x8``), a
+    GB200 NVL72 rack 18 hosts of 4 GPUs. None puts every host in one domain
+    (``1xHxD``), the shape this module always built: the recorded fixtures are compiled
+    on it. Raises ValueError for counts that do not divide."""
     if num_devices <= 0 or devices_per_host <= 0 or num_devices % devices_per_host:
         raise ValueError(
             f"num_devices={num_devices} is not a positive multiple of "
             f"devices_per_host={devices_per_host}"
         )
+    hosts = num_devices // devices_per_host
+    per_domain = hosts if hosts_per_domain is None else hosts_per_domain
+    if per_domain <= 0 or hosts % per_domain:
+        raise ValueError(
+            f"{hosts} host(s) do not split into NVLink domains of {per_domain} host(s)"
+        )
+    return f"{hosts // per_domain}x{per_domain}x{devices_per_host}"
+
+
+def gpu_topology(
+    target: str = "h100",
+    num_devices: int = 8,
+    devices_per_host: int = 8,
+    hosts_per_domain: int | None = None,
+) -> Any:
+    """A compile-only CUDA topology of `num_devices` GPUs, `devices_per_host` per process,
+    `hosts_per_domain` hosts per NVLink domain (:func:`topology_shape`; None: all in one).
+
+    Device ids and process indices are host-major in every shape: device d is on
+    host d // devices_per_host.
+    """
+    _require_gpu_aot()
+    shape = topology_shape(num_devices, devices_per_host, hosts_per_domain)
     from jax.experimental import topologies
 
-    hosts = num_devices // devices_per_host
     return topologies.get_topology_desc(
         platform="cuda",
         topology_name="",
         target_config=target_config(target),
-        topology=f"1x{hosts}x{devices_per_host}",
+        topology=shape,
     )
 
 

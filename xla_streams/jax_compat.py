@@ -25,7 +25,7 @@ import importlib
 import importlib.util
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 Transformation = Callable[[bytes], "bytes | None"]
@@ -155,3 +155,170 @@ def exclude_from_source_info(path: str) -> None:
     source_info_util = _private("jax._src.source_info_util")
     if path not in source_info_util._exclude_paths:
         source_info_util.register_exclusion(path)
+
+
+# -- the persistent compilation cache's key ------------------------------------------
+
+
+class _KeyComponent:
+    """What ``jax._src.cache_key.custom_hook`` is set to: the hook that was there before
+    (JAX's, which returns "", or another library's), then ``|name:component()`` while
+    ``component`` is set."""
+
+    def __init__(self, name: str, previous: Callable[[], str]) -> None:
+        self.name = name
+        self.previous = previous
+        self.component: Callable[[], str] | None = None
+
+    def __call__(self) -> str:
+        base = self.previous()
+        component = self.component
+        if component is None:
+            return base
+        return f"{base}|{self.name}:{component()}"
+
+
+_key_components: dict[str, _KeyComponent] = {}  # name -> our hook, installed once per name
+
+
+def add_cache_key_component(name: str, component: Callable[[], str]) -> bool:
+    """Hash ``component()`` into the key of every executable JAX's persistent
+    compilation cache stores or looks up from now on, after whatever hook is there
+    (``jax._src.cache_key.custom_hook``, which ``cache_key.get`` looks up by name on each
+    call; jax 0.11.2 and 0.12 have it). ``component`` is called once per lookup: it must
+    be cheap, and the same in every process of a job (no paths, no process ids).
+    Adding ``name`` again replaces its component. Returns False where JAX has no hook."""
+    cache_key = _private("jax._src.cache_key")
+    if not callable(getattr(cache_key, "custom_hook", None)):
+        return False
+    with _lock:
+        ours = _key_components.get(name)
+        if ours is None:
+            ours = _KeyComponent(name, cache_key.custom_hook)
+            _key_components[name] = ours
+            cache_key.custom_hook = ours
+        ours.component = component
+    return True
+
+
+def remove_cache_key_component(name: str) -> None:
+    """Undo :func:`add_cache_key_component`: keys are JAX's own again (or what the hook
+    installed before ours gives). Where another hook has been chained on top of ours
+    since, ours stays in the chain and only passes the previous one's value through."""
+    cache_key: Any = sys.modules.get("jax._src.cache_key")
+    with _lock:
+        ours = _key_components.get(name)
+        if ours is None:
+            return
+        ours.component = None
+        if cache_key is not None and cache_key.custom_hook is ours:
+            cache_key.custom_hook = ours.previous
+            del _key_components[name]
+
+
+# -- the devices of a job ------------------------------------------------------------
+
+
+def device_processes(platform: str) -> dict[int, int] | None:
+    """``{device id: process index}`` for every device of ``platform``'s backend in the
+    job (all processes of a ``jax.distributed`` job), or None if JAX has not created
+    that backend. Reads JAX's table of backends: safe inside a compile hook, starts
+    nothing."""
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    client = getattr(bridge, "_backends", {}).get(platform) if bridge is not None else None
+    if client is None:
+        return None
+    return {int(d.id): int(d.process_index) for d in client.devices()}
+
+
+# -- deviceless recompiles of StableHLO text (xla-streams tune) -------------------------
+
+
+def lowered_compile_inputs(lowered: Any) -> tuple[str, tuple[int, ...], dict[str, object]]:
+    """What ``lowered.compile()`` compiles, in a form another process can compile again
+    (:func:`compile_stablehlo`): the StableHLO text with its source locations (so the
+    compiled module's names are the ones ``lowered.compile()`` gives), the ids of the
+    devices it is assigned to, in order, and the compiler options ``jax.jit`` was given.
+    The device ids are () where the lowering does not say them."""
+    text = str(lowered.as_text(debug_info=True))
+    lowering = getattr(lowered, "_lowering", None)
+    device_list = getattr(lowering, "_device_list", None)
+    ids = tuple(int(d.id) for d in device_list) if device_list is not None else ()
+    kvs = getattr(lowering, "_compiler_options_kvs", ()) or ()
+    return text, ids, dict(kvs)
+
+
+def compile_stablehlo(text: str, devices: Sequence[Any], options: Mapping[str, object]) -> Any:
+    """Compile StableHLO ``text`` (a ``JAX_DUMP_IR_TO`` file, ``lowered.as_text()``) for
+    ``devices`` of a compile-only topology with XLA ``options`` (``DebugOptions`` fields),
+    as ``jax.jit``'s ``lowered.compile(compiler_options=options)`` does: replicas x
+    partitions from the module, assigned to the first of ``devices`` in order, sharding
+    propagation allowed to the arguments and results that have no sharding or an
+    unconstrained one. Returns XLA's executable (``hlo_modules()``,
+    ``get_compiled_memory_stats()``). Writes no ``JAX_DUMP_IR_TO`` dump and uses no
+    persistent compilation cache. Raises ValueError for text that does not parse or
+    too few devices."""
+    import numpy as np
+
+    compiler = _private("jax._src.compiler")
+    mlir = _private("jax._src.interpreters.mlir")
+    ir = mlir.ir
+    jaxlib = _private("jax._src.lib")._jax
+    with mlir.make_ir_context():
+        try:
+            module = ir.Module.parse(text)
+        except Exception as e:  # MLIRError: its first line says where
+            raise ValueError(f"not StableHLO text: {str(e).strip().splitlines()[0]}") from None
+        attributes = module.operation.attributes
+
+        def get(name: str) -> int:
+            return int(ir.IntegerAttr(attributes[name]).value) if name in attributes else 1
+
+        replicas, partitions = get("mhlo.num_replicas"), get("mhlo.num_partitions")
+        if replicas * partitions > len(devices):
+            raise ValueError(
+                f"the module runs on {replicas * partitions} devices ({replicas} replicas x "
+                f"{partitions} partitions), the topology has {len(devices)}"
+            )
+        assigned = np.array(list(devices[: replicas * partitions]), dtype=object)
+        assigned = assigned.reshape(replicas, partitions)
+        client = assigned.flat[0].client
+        compile_options = compiler.get_compile_options(
+            num_replicas=replicas,
+            num_partitions=partitions,
+            device_assignment=assigned,
+            env_options_overrides=dict(options),
+            backend=client,
+        )
+        to_parameters, to_output = _propagation(module, ir)
+        build = compile_options.executable_build_options
+        build.allow_spmd_sharding_propagation_to_parameters = to_parameters or [False]
+        build.allow_spmd_sharding_propagation_to_output = to_output or [False]
+        return compiler.backend_compile_and_load(
+            client, module, jaxlib.DeviceList(tuple(assigned.flat)), compile_options, []
+        )
+
+
+def _propagation(module: Any, ir: Any) -> tuple[list[bool], list[bool]]:
+    """Per argument and per result of ``main``: may XLA choose its sharding (it has none,
+    or an unconstrained one, ``?``), as ``jax.jit`` allows for unspecified shardings."""
+    main = None
+    for op in module.body.operations:
+        if "sym_name" in op.attributes and ir.StringAttr(op.attributes["sym_name"]).value == "main":
+            main = op
+    if main is None:
+        return [], []
+
+    def allowed(name: str) -> list[bool]:
+        if name not in main.attributes:
+            return []
+        out = []
+        for entry in ir.ArrayAttr(main.attributes[name]):
+            attrs = ir.DictAttr(entry)
+            sharding = next(
+                (str(attrs[k]) for k in ("sdy.sharding", "mhlo.sharding") if k in attrs), None
+            )
+            out.append(sharding is None or "?" in sharding)
+        return out
+
+    return allowed("arg_attrs"), allowed("res_attrs")

@@ -85,9 +85,13 @@ def _transformer(
     batch: int = 16,
     seq: int = 256,
     scan: bool = False,
+    stacked: bool | None = None,
+    remat: bool = False,
 ) -> Built:
-    """A transformer training step, FSDP over "data" x TP over "model"; with ``scan`` its
-    layers' weights are stacked and the layers run under ``lax.scan``."""
+    """A transformer training step, FSDP over "data" x TP over "model". With ``stacked``
+    (by default, with ``scan``) the layers' weights are stacked along a leading axis,
+    and the layers run under ``lax.scan`` or, unrolled, in a loop that indexes the
+    stacks; with ``remat`` each layer is under ``jax.checkpoint``."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
@@ -131,15 +135,18 @@ def _transformer(
         h = jax.nn.gelu(rms_norm(x) @ w["w1"])
         return x + jax.lax.psum(h @ w["w2"], "model")
 
+    stacked = scan if stacked is None else stacked
+    layer = jax.checkpoint(block) if remat else block
+
     def local_loss(params: Any, x: Any) -> Any:
         if scan:
-            x, _ = jax.lax.scan(lambda x, p: (block(p, x), None), x, params)
+            x, _ = jax.lax.scan(lambda x, p: (layer(p, x), None), x, params)
         else:
-            for p in params:
-                x = block(p, x)
+            for i in range(layers):
+                x = layer({k: v[i] for k, v in params.items()} if stacked else params[i], x)
         return jax.lax.psum(jnp.mean(x * x), "data") / mesh_shape[0]
 
-    if scan:  # one array per weight, its layers stacked along a new leading axis
+    if stacked:  # one array per weight, its layers stacked along a new leading axis
         shapes: Any = {k: ((layers, *shape), t) for k, (shape, t) in layer_shapes.items()}
         specs: Any = {k: P(None, *spec) for k, spec in layer_specs.items()}
     else:
@@ -405,16 +412,20 @@ def gspmd_step(devices: Sequence[Any]) -> Built:
 
 
 # --------------------------------------------------------------------------
-# Programs for `xla-streams tune` (xla_streams/tuning.py): one where XLA's overlap
+# Programs for `xla-streams tune` (xla_streams/tuning/): one where XLA's overlap
 # levers pay, one where nothing can overlap.
+
+
+def _hosts_by_gpus(devices: Sequence[Any]) -> tuple[int, int]:
+    """FSDP across hosts of 8 GPUs x tensor parallel inside one (2 x half below 16 GPUs)."""
+    return (len(devices) // 8, 8) if len(devices) >= 16 else (2, len(devices) // 2)
 
 
 def fsdp_tp_scan(devices: Sequence[Any]) -> Built:
     """An 8-layer transformer step under lax.scan on 32 GPUs (4 hosts of 8): FSDP across
     hosts, tensor parallel inside a host. Per layer, the weight all-gathers cross hosts
     (network) while the TP all-reduces stay on NVLink."""
-    mesh_shape = (len(devices) // 8, 8) if len(devices) >= 16 else (2, len(devices) // 2)
-    return _transformer(devices, mesh_shape=mesh_shape, layers=8, scan=True)
+    return _transformer(devices, mesh_shape=_hosts_by_gpus(devices), layers=8, scan=True)
 
 
 def fsdp_tp_mlp_scan(devices: Sequence[Any]) -> Built:
@@ -474,6 +485,22 @@ def fsdp_chain(devices: Sequence[Any]) -> Built:
     return fn, (w, _abstract(mesh, ((batch, dim), f32), x_spec))
 
 
+def fsdp_tp_remat_scan(devices: Sequence[Any]) -> Built:
+    """fsdp_tp_scan's 8-layer transformer with each layer under jax.checkpoint (recomputed
+    in the backward pass), as scanned models usually run; 32 GPUs, 4 hosts of 8."""
+    return _transformer(
+        devices, mesh_shape=_hosts_by_gpus(devices), layers=8, scan=True, remat=True
+    )
+
+
+def fsdp_tp_remat_unrolled(devices: Sequence[Any]) -> Built:
+    """fsdp_tp_remat_scan's unrolled twin: the same model, mesh and stacked weights under
+    jax.checkpoint, its 8 layers in a Python loop that indexes the stacks."""
+    return _transformer(
+        devices, mesh_shape=_hosts_by_gpus(devices), layers=8, stacked=True, remat=True
+    )
+
+
 PROGRAMS: dict[str, Program] = {
     p.name: p
     for p in (
@@ -501,6 +528,18 @@ PROGRAMS: dict[str, Program] = {
             description=fsdp_tp_scan.__doc__ or "",
         ),
         Program(
+            "fsdp_tp_remat_scan",
+            fsdp_tp_remat_scan,
+            num_devices=32,
+            description=fsdp_tp_remat_scan.__doc__ or "",
+        ),
+        Program(
+            "fsdp_tp_remat_unrolled",
+            fsdp_tp_remat_unrolled,
+            num_devices=32,
+            description=fsdp_tp_remat_unrolled.__doc__ or "",
+        ),
+        Program(
             "fsdp_tp_mlp_scan",
             fsdp_tp_mlp_scan,
             num_devices=16,
@@ -510,3 +549,168 @@ PROGRAMS: dict[str, Program] = {
     )
 }
 DEFAULT_PROGRAM = "transformer_step"
+
+
+# --------------------------------------------------------------------------
+# A published model: MaxText's Llama-2 7B as NVIDIA's JAX-Toolbox ran it on one 8-GPU
+# H100 host (tools/predict_published.py compares the simulator with its step time).
+# Appended after PROGRAMS so that the source lines the fixtures record stay put.
+
+
+@dataclass(frozen=True)
+class Llama2Config:
+    """A Llama-2 training step as MaxText runs it; the defaults are the published 7B run
+    (NVIDIA/JAX-Toolbox docs/frameworks/maxtext/README.md: 7B, BF16, seq 4096, 2
+    sequences per GPU, FSDP over every GPU, Flash attention, remat policy
+    minimal_flash, scan off; dims from MaxText configs/models/llama2-7b.yml)."""
+
+    layers: int = 32
+    d_model: int = 4096
+    heads: int = 32  # query heads; as many key/value heads (no GQA at 7B)
+    head_dim: int = 128
+    d_ff: int = 11008  # SwiGLU: silu(x W0) * (x W1), then W_out
+    vocab: int = 32000
+    seq: int = 4096
+    batch_per_device: int = 2
+
+
+def llama2_fsdp(devices: Sequence[Any], config: Llama2Config | None = None) -> Built:
+    """A MaxText-style Llama-2 training step, FSDP over all ``devices``: f32 weights
+    sharded on their embedding dimension and cast to bf16 for use (XLA gathers them
+    per layer), activations sharded on the batch; RMSNorm, RoPE, cuDNN flash attention
+    (causal), SwiGLU MLP, untied output layer, cross-entropy; each layer under
+    jax.checkpoint with MaxText's ``minimal_flash`` policy (keep the dots without batch
+    dimensions and the attention output); AdamW (0.9, 0.95, weight decay 0.1) after
+    clipping the gradient norm at 1; layers unrolled (``scan_layers=false``)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.ad_checkpoint import checkpoint_name
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    c = config or Llama2Config()
+    mesh = _mesh(devices, (len(devices),), ("fsdp",))
+    batch = c.batch_per_device * len(devices)
+    f32, bf16 = jnp.float32, jnp.bfloat16
+    e, h, d, f = c.d_model, c.heads, c.head_dim, c.d_ff
+    layer_shapes = {
+        "attn_norm": ((e,), f32),
+        "wq": ((e, h, d), f32),
+        "wk": ((e, h, d), f32),
+        "wv": ((e, h, d), f32),
+        "wo": ((h, d, e), f32),
+        "mlp_norm": ((e,), f32),
+        "wi_0": ((e, f), f32),
+        "wi_1": ((e, f), f32),
+        "wo_mlp": ((f, e), f32),
+    }
+    # MaxText's logical rules: "embed" goes over fsdp, heads/mlp/vocab over tensor (1).
+    layer_specs = {
+        "attn_norm": P(None),
+        "wq": P("fsdp", None, None),
+        "wk": P("fsdp", None, None),
+        "wv": P("fsdp", None, None),
+        "wo": P(None, None, "fsdp"),
+        "mlp_norm": P(None),
+        "wi_0": P("fsdp", None),
+        "wi_1": P("fsdp", None),
+        "wo_mlp": P(None, "fsdp"),
+    }
+    shapes: Any = {
+        "embed": ((c.vocab, e), f32),
+        "layers": [layer_shapes] * c.layers,
+        "final_norm": ((e,), f32),
+        "logits": ((e, c.vocab), f32),
+    }
+    specs: Any = {
+        "embed": P(None, "fsdp"),
+        "layers": [layer_specs] * c.layers,
+        "final_norm": P(None),
+        "logits": P("fsdp", None),
+    }
+    act = NamedSharding(mesh, P("fsdp", None, None))
+    policy = jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+        jax.checkpoint_policies.save_only_these_names("context"),
+    )
+
+    def rms_norm(x: Any, scale: Any) -> Any:
+        xf = x.astype(f32)
+        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + 1e-5)
+        return (y * scale).astype(bf16)
+
+    def rope(x: Any) -> Any:
+        half = d // 2
+        inverse = 1.0 / (10000.0 ** (jnp.arange(half, dtype=f32) / half))
+        angle = jnp.arange(c.seq, dtype=f32)[None, :, None, None] * inverse
+        sin, cos = jnp.sin(angle), jnp.cos(angle)
+        x1, x2 = jnp.split(x.astype(f32), 2, axis=-1)
+        return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(bf16)
+
+    def decoder_layer(p: Any, x: Any) -> Any:
+        y = rms_norm(x, p["attn_norm"])
+        q = rope(jnp.einsum("bse,ehd->bshd", y, p["wq"].astype(bf16)))
+        k = rope(jnp.einsum("bse,ehd->bshd", y, p["wk"].astype(bf16)))
+        v = jnp.einsum("bse,ehd->bshd", y, p["wv"].astype(bf16))
+        context = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+        context = checkpoint_name(context, "context")
+        attention = jnp.einsum("bshd,hde->bse", context, p["wo"].astype(bf16))
+        x = jax.lax.with_sharding_constraint(x + attention, act)
+        y = rms_norm(x, p["mlp_norm"])
+        gate = jnp.einsum("bse,ef->bsf", y, p["wi_0"].astype(bf16))
+        up = jnp.einsum("bse,ef->bsf", y, p["wi_1"].astype(bf16))
+        mlp = jnp.einsum("bsf,fe->bse", jax.nn.silu(gate) * up, p["wo_mlp"].astype(bf16))
+        return jax.lax.with_sharding_constraint(x + mlp, act)
+
+    layer = jax.checkpoint(decoder_layer, policy=policy)
+
+    def loss_fn(params: Any, tokens: Any, targets: Any) -> Any:
+        x = jax.lax.with_sharding_constraint(params["embed"].astype(bf16)[tokens], act)
+        for p in params["layers"]:
+            x = layer(p, x)
+        x = rms_norm(x, params["final_norm"])
+        logits = jnp.einsum("bse,ev->bsv", x, params["logits"].astype(bf16)).astype(f32)
+        one_hot = jax.nn.one_hot(targets, c.vocab, dtype=f32)
+        return -jnp.mean(jnp.sum(one_hot * jax.nn.log_softmax(logits, axis=-1), axis=-1))
+
+    b1, b2, eps, weight_decay, lr = 0.9, 0.95, 1e-8, 0.1, 3e-5
+
+    def train_step(params: Any, opt: Any, tokens: Any, targets: Any) -> Any:
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, targets)
+        norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
+        clip = jnp.minimum(1.0, 1.0 / (norm + 1e-6))
+        count = opt["count"] + 1
+        mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * clip * g, opt["mu"], grads)
+        nu = jax.tree.map(lambda n, g: b2 * n + (1 - b2) * jnp.square(clip * g), opt["nu"], grads)
+        c1 = 1 - b1 ** count.astype(f32)
+        c2 = 1 - b2 ** count.astype(f32)
+        new = jax.tree.map(
+            lambda w, m, n: w - lr * (m / c1 / (jnp.sqrt(n / c2) + eps) + weight_decay * w),
+            params,
+            mu,
+            nu,
+        )
+        return loss, new, {"mu": mu, "nu": nu, "count": count}
+
+    params = _abstract(mesh, shapes, specs)
+    replicated = NamedSharding(mesh, P())
+    opt = {
+        "mu": params,
+        "nu": params,
+        "count": jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
+    }
+    kept = jax.tree.map(lambda a: a.sharding, (params, opt))
+    fn = jax.jit(train_step, out_shardings=(replicated, *kept), donate_argnums=(0, 1))
+    tokens = _abstract(mesh, ((batch, c.seq), jnp.int32), P("fsdp", None))
+    return fn, (params, opt, tokens, tokens)
+
+
+def llama2_7b_fsdp(devices: Sequence[Any]) -> Built:
+    """MaxText's Llama-2 7B training step as published on 8 H100s: 32 layers, BF16,
+    seq 4096, 2 sequences per GPU, FSDP 8, cuDNN flash attention, minimal_flash remat."""
+    return llama2_fsdp(devices)
+
+
+PROGRAMS["llama2_7b_fsdp"] = Program(
+    "llama2_7b_fsdp", llama2_7b_fsdp, description=llama2_7b_fsdp.__doc__ or ""
+)

@@ -45,12 +45,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from xla_streams._io import atomic_write_many
+from xla_streams._text import aligned, human_bytes
 from xla_streams.collectives import (
     COLLECTIVE_OPCODES,
     KINDS,
+    MAX_STREAMS,
     POLICIES,
     AsyncPair,
     StreamAssignment,
+    check_streams,
     max_in_flight,
 )
 from xla_streams.passes.base import Compilation
@@ -138,12 +141,14 @@ def _in_flight_by_computation(
     compilation: Compilation, placed: Sequence[AsyncPair]
 ) -> dict[str, int]:
     """Per computation with pairs (in module order), the most of its pairs in flight at once."""
-    result: dict[str, int] = {}
-    for comp in compilation.module.computations:
-        mine = [p for p in placed if p.computation == comp.name]
-        if mine:
-            result[comp.name] = max_in_flight(mine)
-    return result
+    by_computation: dict[str, list[AsyncPair]] = {}
+    for p in placed:
+        by_computation.setdefault(p.computation, []).append(p)
+    return {
+        comp.name: max_in_flight(by_computation[comp.name])
+        for comp in compilation.module.computations
+        if comp.name in by_computation
+    }
 
 
 # -- JSON ----------------------------------------------------------------------------
@@ -201,8 +206,11 @@ def schema_problems(report: Any) -> list[str]:
         problems.append(f"report.schema: expected '{SCHEMA}', found '{report['schema']}'")
     need(report, "module", (str,), "report")
     streams = need(report, "streams", (int,), "report")
-    if streams is not None and not 1 <= streams <= 64:
-        problems.append(f"report.streams: {streams} is not in 1..64")
+    if streams is not None:
+        try:
+            check_streams(streams)
+        except ValueError:
+            problems.append(f"report.streams: {streams} is not in 1..{MAX_STREAMS}")
     policy = need(report, "policy", (str,), "report")
     if policy is not None and policy not in POLICIES:
         problems.append(f"report.policy: '{policy}' is not one of {', '.join(POLICIES)}")
@@ -290,17 +298,7 @@ def format_report(report: dict[str, Any]) -> str:
                 _note(c),
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    right = {3, 4, 6}  # numbers line up on the right
-    lines = []
-    for n, row in enumerate(rows):
-        cells = [
-            cell.rjust(w) if i in right else cell.ljust(w)
-            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-        ]
-        lines.append("  ".join(cells).rstrip())
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
+    lines = aligned(rows, right={3, 4, 6}, rule=True)  # numbers line up on the right
     if len(rows) == 1:
         plain = report["summary"].get("synchronous_collectives", 0)
         lines = [
@@ -318,13 +316,13 @@ def format_report(report: dict[str, Any]) -> str:
 
 def _note(c: dict[str, Any]) -> str:
     if c["runs_on"] == "compute":
-        return "sync: runs on the compute stream"
+        return "sync pair: runs on the compute stream"
     if c["runs_on"] == "p2p":
         return "pipelined: on XLA's P2P stream"
     if c.get("reassigned"):
         return f"reassigned: {c['reassigned']}"
     if c["sync"]:
-        return "sync: XLA runs it on stream 0"
+        return "sync pair: XLA runs it on stream 0"
     by = c.get("serialized_by")
     if by == "rule":
         return "serialized: deadlock rule"
@@ -341,7 +339,12 @@ def format_summary(report: dict[str, Any]) -> str:
         f"module {report['module']}: {_count(s['async_pairs'], 'async pair')}"
         + (f" ({kinds})" if kinds else ""),
         f"assigned: {s['assigned']} on {s['streams_used']} of {report['streams']} streams "
-        f"(policy {report['policy']}); sync {s['sync']}, pipelined {s['pipelined']}",
+        f"(policy {report['policy']}); pipelined {s['pipelined']}",
+        # Two different things, both synchronous: async pairs XLA runs synchronously
+        # (summary.sync) and collectives that were never async (synchronous_collectives).
+        f"synchronous: {_count(s['sync'], 'sync pair')} (async start and done with nothing "
+        "between, which XLA runs synchronously), "
+        f"{_count(s.get('synchronous_collectives', 0), 'synchronous collective')} (never async)",
         f"max in flight: {s['max_in_flight']}"
         + (f" (by computation: {per_comp})" if per_comp else ""),
         f"serialized: {s['serialized']} (all {report['streams']} streams busy: "
@@ -427,7 +430,7 @@ def _index_text(entries: list[dict[str, Any]]) -> str:
         "on streams",
         "streams used",
         "tied by rule",
-        "sync",
+        "synchronous collectives",
         "report",
     )
     rows = [header] + [
@@ -437,24 +440,10 @@ def _index_text(entries: list[dict[str, Any]]) -> str:
         )
         for e in entries
     ]  # fmt: skip
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "\n".join(lines) + "\n"
+    return "\n".join(aligned(rows)) + "\n"
 
 
 # -- short forms ---------------------------------------------------------------------
-
-
-def human_bytes(n: int) -> str:
-    """``4194304`` -> ``4.0 MiB``; below 1 KiB the exact count (``12 B``)."""
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
-        if value < 1024 or unit == "TiB":
-            break
-    return f"{value:.1f} {unit}"
 
 
 def format_groups(groups: Sequence[Sequence[int]], kind: str = "") -> str:

@@ -519,3 +519,110 @@ def test_version() -> None:
     for argv in (["--version"], ["version"]):
         result = xla_streams(*argv)
         assert result.returncode == 0 and result.stdout.decode().startswith("xla-streams 0.")
+
+
+# -- inputs: located byte errors, a size cap, no traceback ------------------------------
+
+
+def test_a_byte_that_is_not_utf8_is_located(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.hlo"
+    text = TIED.encode().replace(b"exponential", b"expon\xb2ntial")
+    bad.write_bytes(text)
+    result = xla_streams("assign", bad)
+    assert_user_error(result, f"{bad}:13:25: error: ", "is not HLO text", "byte 0xb2 is not UTF-8")
+    assert "expon" in err(result).split("\n")[1]  # the line is shown, with a caret under it
+
+
+def test_a_byte_that_is_not_utf8_on_stdin_is_located() -> None:
+    data = TIED.encode().replace(b"HloModule tied", b"HloModule t\xffed")
+    assert_user_error(xla_streams("report", "-", stdin=data), "<stdin>:1:12: error: ", "0xff")
+
+
+def test_a_nul_byte_is_located(tmp_path: Path) -> None:
+    bad = tmp_path / "nul.hlo"
+    bad.write_bytes(TIED.encode().replace(b"%b = ", b"%b\0 = "))
+    assert_user_error(xla_streams("assign", bad), f"{bad}:12:5: error: ", "NUL")
+
+
+def test_dev_zero_as_input_is_refused_at_once() -> None:
+    """Read in chunks and stopped at the first NUL: no MemoryError, no traceback."""
+    import resource
+
+    def limit_memory() -> None:  # a run-away read fails fast instead of eating the machine
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    result = subprocess.run(
+        [sys.executable, "-m", "xla_streams", "assign", "/dev/zero"],
+        capture_output=True, timeout=60, preexec_fn=limit_memory,
+    )  # fmt: skip
+    assert_user_error(result, "/dev/zero:1:1: error: ", "is not HLO text")
+
+
+def test_a_file_larger_than_the_cap_is_refused_from_its_size(tmp_path: Path) -> None:
+    huge = tmp_path / "huge.hlo"
+    with huge.open("wb") as f:  # sparse: 2 GiB that take no disk
+        f.truncate(cli.MAX_INPUT_BYTES + 1)
+    start = __import__("time").perf_counter()
+    result = xla_streams("assign", huge)
+    assert __import__("time").perf_counter() - start < 30
+    assert_user_error(result, f"'{huge}' is {cli.MAX_INPUT_BYTES + 1} bytes", "MAX_INPUT_BYTES")
+
+
+def test_standard_input_larger_than_the_cap_is_refused_while_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cli, "MAX_INPUT_BYTES", 1000)
+    monkeypatch.setattr(cli, "_READ_CHUNK", 64)
+    for stdin in (
+        io.TextIOWrapper(io.BytesIO(b"x" * 5000)),  # bytes underneath, as sys.stdin
+        io.StringIO("x" * 5000),  # already text
+    ):
+        stderr = io.StringIO()
+        code = cli.main(["assign", "-"], stdin=stdin, stdout=io.StringIO(), stderr=stderr)
+        assert code == 2
+        assert "standard input holds more than the 1000 bytes" in stderr.getvalue()
+    stderr = io.StringIO()
+    small = io.TextIOWrapper(io.BytesIO(TIED.encode()))
+    monkeypatch.setattr(cli, "MAX_INPUT_BYTES", len(TIED))
+    assert cli.main(["assign", "-"], stdin=small, stdout=io.StringIO(), stderr=stderr) == 0
+
+
+# -- hostile values and modules, through the command line ------------------------------
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "\u0661"])
+def test_a_stream_annotation_in_other_digits_is_a_located_error(tmp_path: Path, value: str) -> None:
+    source = tmp_path / "pin.hlo"
+    text = TIED.replace(
+        "to_apply=%add\n  %b",
+        f'to_apply=%add, frontend_attributes={{_xla_stream_annotation="{value}"}}\n  %b',
+    )
+    source.write_text(text)
+    result = xla_streams("assign", source)
+    assert_user_error(result, f"{source}:11:", "is not a stream number")
+    assert "failed" not in err(result) and "ValueError" not in err(result)
+
+
+def test_a_module_xla_would_reject_is_rejected_with_its_place(tmp_path: Path) -> None:
+    source = tmp_path / "cycle.hlo"
+    source.write_text(TIED.replace("exponential(%p)", "exponential(%e)"))
+    result = xla_streams("assign", source, "--json", tmp_path / "out.json")
+    assert_user_error(result, f"{source}:13:32: error: operand '%e' uses itself")
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_two_collectives_over_65536_devices_are_answered_in_a_second_or_so(tmp_path: Path) -> None:
+    source = tmp_path / "wide.hlo"
+    source.write_text(
+        TIED.replace("num_partitions=4", "num_partitions=65536")
+        .replace("replica_groups={{0,1,2,3}}", "replica_groups=[32768,2]<=[65536]", 1)
+        .replace("replica_groups={{0,1,2,3}}", "replica_groups=[32768,2]<=[2,32768]T(1,0)")
+    )
+    start = __import__("time").perf_counter()
+    result = xla_streams("assign", source, "--json", tmp_path / "out.json")
+    elapsed = __import__("time").perf_counter() - start
+    assert result.returncode == 0, err(result)
+    assert elapsed < 10, f"{elapsed:.1f} s (a process, start-up included)"
+    report = json.loads((tmp_path / "out.json").read_text())
+    streams = {p["start"]: p["stream"] for p in report["collectives"]}
+    assert streams["a"] != streams["b"]  # 32,768 groups of two each: no two devices shared

@@ -229,7 +229,7 @@ CASES = [
     Case(
         "undefined-operand",
         edit("negate(%p)", "negate(%q)"),
-        12, "%q)", "operand '%q' is not defined in computation 'main'", "operands", shift=1,
+        12, "%q)", "operand '%q' is not defined before '%neg' in computation 'main'",
     ),
     # -- async pairs (find-async-pairs) ------------------------------------------------
     Case(
@@ -241,7 +241,7 @@ CASES = [
     Case(
         "done-of-undefined-start",
         edit("all-reduce-done(%ars)", "all-reduce-done(%nope)"),
-        13, "ard", "is missing: its operand is '%nope'", "pairs",
+        13, "%nope", "operand '%nope' is not defined before '%ard' in computation 'main'",
     ),
     Case(
         "start-without-done",
@@ -251,7 +251,7 @@ CASES = [
     Case(
         "done-scheduled-before-start",
         swap_start_and_done(),
-        11, "ard", "'%ard' is scheduled before its start '%ars'", "pairs",
+        11, "%ars)", "operand '%ars' is not defined before '%ard'",
     ),
     Case(
         "two-dones-for-one-start",
@@ -270,7 +270,7 @@ CASES = [
         edit(START, "  %ars = ((f32[8]{0}), f32[8]{0}) async-start(%p), calls=%nope").replace(
             "all-reduce-done(%ars)", "async-done(%ars)"
         ),
-        11, "%nope", "unknown computation '%nope'", "pairs",
+        11, "%nope", "calls=%nope names no computation defined before 'main'",
     ),
     Case(
         "iota-groups-not-covering-devices",
@@ -440,7 +440,7 @@ CASES = [
     Case(
         "bad-tuple-index",
         edit("negate(%p)", "negate(%p#x)"),
-        12, "x)", "bad tuple index of '%p': expected an integer, found 'x'", "operands",
+        12, "x)", "bad tuple index of '%p': expected an integer, found 'x'",
     ),
     Case(
         "tuple-index-of-an-array",

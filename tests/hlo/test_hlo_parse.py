@@ -720,9 +720,8 @@ def test_layouts_xla_accepts(text: str) -> None:
 
 def test_crlf_errors_show_the_line_without_its_carriage_return() -> None:
     text = LAYOUTS["crlf"].replace("negate(%ar)", "negate(%nope)")
-    module = parse_module(text, "crlf.hlo")
     with pytest.raises(HloError) as err:
-        module.entry.root.operands  # noqa: B018
+        parse_module(text, "crlf.hlo")
     assert (err.value.line, err.value.source_line) == (16, "  ROOT %n = f32[8]{0} negate(%nope)")
     assert "\r" not in str(err.value)
 
@@ -798,7 +797,6 @@ def test_tuple_element_shape_text_drops_index_comment() -> None:
             "bad tuple index of '%u': integer 99999999999999999999 is out of range",
         ),
         ("#0", "expected an operand '%name', found '#0'"),
-        ("%nope#0", "operand '%nope' is not defined in computation 'main'"),
     ],
 )
 def test_tuple_element_operand_errors(operand: str, message: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +14,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xla_streams.collectives import AsyncPair, StreamModel, max_in_flight
+from xla_streams.collectives import (
+    AsyncPair,
+    StreamModel,
+    check_streams,
+    max_in_flight,
+    streams_from_text,
+    tied_units,
+)
 from xla_streams.hlo import parse_module
-from xla_streams.passes.assign_streams import assign_streams, tied_units
+from xla_streams.passes.assign_streams import assign_streams
 from xla_streams.passes.base import VerificationError
 from xla_streams.passes.find_async_pairs import find_async_pairs
 from xla_streams.passes.verify_streams import verify_streams
@@ -247,6 +255,18 @@ def test_every_call_of_a_computation_counts() -> None:
 def test_stream_bound_is_checked(bad: int) -> None:
     with pytest.raises(ValueError, match="1 to 64"):
         assign_streams([], bad, "interval")
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [("0", "0"), ("65", "65"), ("-1", "'-1'"), ("four", "'four'"), ("2.5", "'2.5'"), ("", "''")],
+)
+def test_stream_count_from_text_names_what_was_written(text: str, shown: str) -> None:
+    assert streams_from_text(" 8 ") == 8
+    with pytest.raises(ValueError, match=re.escape(f"an integer from 1 to 64, not {shown}")):
+        streams_from_text(text)
+    with pytest.raises(ValueError, match="not True"):
+        check_streams(True)  # bool is no count
 
 
 def test_pairs_in_a_while_body_overlap_a_pair_spanning_the_loop() -> None:

@@ -14,9 +14,11 @@ import re
 import pytest
 from jaxlib import _hlo
 
-from xla_streams.hlo import Module, parse_module
+from xla_streams.hlo import Instruction, Module, parse_module
 from xla_streams.passes.base import Compilation, ModulePass, PipelineError
+from xla_streams.passes.lower_to_ffi import leaves, plan_collective
 from xla_streams.pipeline import PassManager, build_pipeline, parse_pipeline
+from xla_streams.runtime.abi import DONE_TARGET, START_TARGET, CollectiveCall
 
 HERE = os.path.dirname(__file__)
 CPU_FIXTURES = sorted(glob.glob(os.path.join(HERE, "..", "data", "ffi_fixtures", "*.hlo")))
@@ -39,11 +41,16 @@ def run(text: str, passes: list[ModulePass] | str) -> tuple[Module, Compilation]
     return module, PassManager(passes).run(Compilation(module))
 
 
-def backend_config(line: str) -> dict[str, str]:
-    """The typed-FFI attributes of a printed custom call, values as printed."""
-    body = line[line.index("backend_config={") + len("backend_config={") : line.rindex("}")]
-    items = re.findall(r'(\w+) = ("[^"]*"|array<i64(?:: [^>]*)?>|-?\d+ : i64)', body)
-    return dict(items)
+def call_of(inst: Instruction) -> CollectiveCall:
+    """The attributes of one of our custom calls, read back from its backend_config."""
+    config = inst.attribute("backend_config")
+    assert config is not None, inst.text
+    return CollectiveCall.parse(config)
+
+
+def targets(text: str, target: str) -> list[str]:
+    """The lines of ``text`` that call ``target``."""
+    return [line for line in text.split("\n") if f'custom_call_target="{target}"' in line]
 
 
 def check_xla_accepts(text: str, *, exact_names: bool = True) -> None:
@@ -147,7 +154,7 @@ ENTRY %main (p: f32[8], q: c64[8]) -> (f32[8], c64[8], f32[8]) {
     out = module.print()
     assert "%x = f32[8]{0} all-reduce(%p)" in out  # reduction the runtime lacks: left sync
     assert "%y = c64[8]{0} all-reduce(%q)" in out  # element type the runtime lacks
-    assert out.count('custom_call_target="xla_streams_start"') == 1  # only the permute
+    assert len(targets(out, START_TARGET)) == 1  # only the permute
     assert [p.kind for p in compilation.pairs] == ["collective-permute"]
     check_xla_accepts(out)
 
@@ -188,8 +195,7 @@ def test_host_pipeline_lowers_every_collective(path: str) -> None:
     sync = len(re.findall(rf" (?:{'|'.join(COLLECTIVES)})\(", text))
     module, compilation = run(text, HOST)
     out = module.print()
-    starts = [line for line in out.split("\n") if 'custom_call_target="xla_streams_start"' in line]
-    dones = [line for line in out.split("\n") if 'custom_call_target="xla_streams_done"' in line]
+    starts, dones = targets(out, START_TARGET), targets(out, DONE_TARGET)
     assert len(starts) == len(dones) == len(compilation.pairs) == sync > 0
     assert compilation.assignment is not None
     for pair in compilation.pairs:
@@ -201,13 +207,18 @@ def test_host_pipeline_lowers_every_collective(path: str) -> None:
         for inst in (start, done):
             assert inst.attribute("custom_call_has_side_effect") == "true"
             assert inst.attribute("api_version") == "API_VERSION_TYPED_FFI"
-        config = backend_config(start.text)
-        assert config["op_id"] == f"{compilation.pairs.index(pair)} : i64"
-        assert config["stream"] == f"{compilation.assignment.stream_of[pair.start]} : i64"
-        assert config["kind"] == f'"{pair.kind}"'
-        assert config["num_partitions"] == "8 : i64"
-        flat = ", ".join(str(d) for g in pair.groups for d in g)
-        assert config["groups"] == f"array<i64: {flat}>"
+        call = call_of(start)
+        assert call.op_id == compilation.pairs.index(pair)
+        assert call.stream == compilation.assignment.stream_of[pair.start]
+        assert call.kind == pair.kind
+        assert call.num_partitions == 8
+        assert call.groups == tuple(d for g in pair.groups for d in g)
+        assert call.group_sizes == tuple(len(g) for g in pair.groups)
+        assert call.device_ids == ()  # the host runtime maps devices itself
+        # The done carries what names its start, nothing more.
+        assert call_of(done) == CollectiveCall(call.op_id, call.name, call.kind, call.stream)
+        assert done.attribute("backend_config") == call.done_config()
+        assert start.attribute("backend_config") == call.start_config()
         # Operands, then replica-id and partition-id; the done takes the start and operands.
         ids = start.operand_names[-2:]
         assert [comp.get(n).opcode for n in ids] == ["replica-id", "partition-id"]  # type: ignore[union-attr]
@@ -220,25 +231,23 @@ def test_host_pipeline_lowers_every_collective(path: str) -> None:
 
 def test_host_lowering_reads_reductions_dimensions_and_layouts() -> None:
     module, _ = run(read(os.path.join(HERE, "..", "data", "ffi_fixtures", "cpu_kinds.hlo")), HOST)
-    configs = {}
+    calls = {}
     for inst in module.instructions():
-        if 'custom_call_target="xla_streams_start"' in inst.text:
-            configs[inst.name.removesuffix("-start")] = backend_config(inst.text)
-    assert configs["psum.7"]["reduction"] == '"add"'
-    assert configs["pmax.7"]["reduction"] == '"max"'
-    assert configs["pmin.7"]["reduction"] == '"min"'
-    assert configs["all_gather.6"]["dimension"] == "0 : i64"
+        if f'custom_call_target="{START_TARGET}"' in inst.text:
+            calls[inst.name.removesuffix("-start")] = call_of(inst)
+    assert calls["psum.7"].reduction == "add"
+    assert calls["pmax.7"].reduction == "max"
+    assert calls["pmin.7"].reduction == "min"
+    assert calls["all_gather.6"].dimension == 0
     # f32[8,64]{0,1}: dimension 1 is the physical major one, so no blocks precede it.
-    assert configs["all_gather.7"]["dimension"] == "1 : i64"
-    assert configs["all_gather.7"]["outer"] == "array<i64: 1>"
-    assert configs["all-to-all"]["dimension"] == "-1 : i64"  # XLA:CPU's tuple form
-    assert configs["ppermute.7"]["groups"] == "array<i64: 0, 3, 3, 5, 5, 0>"
-    assert configs["ppermute.7"]["reduction"] == '""'
+    assert calls["all_gather.7"].dimension == 1
+    assert calls["all_gather.7"].outer == (1,)
+    assert calls["all-to-all"].dimension == -1  # XLA:CPU's tuple form
+    assert calls["ppermute.7"].groups == (0, 3, 3, 5, 5, 0)
+    assert calls["ppermute.7"].reduction == ""
 
 
 def test_outer_blocks_follow_the_layout() -> None:
-    from xla_streams.passes.lower_to_ffi import leaves, plan_collective
-
     module = parse_module("""HloModule m, num_partitions=2
 
 ENTRY %main (p: f32[4,8,2]) -> f32[4,16,2] {
@@ -263,6 +272,9 @@ ENTRY %main (p: f32[4,8,2]) -> f32[4,16,2] {
         leaves("pred[4]{0}")[0],
     ]
     assert leaves("f32[2,3]{0,1}")[0].major_to_minor == (1, 0)
+    assert leaves("f32[8,128]{0,1:T(8,128)}")[0].major_to_minor == (1, 0)  # tiles ignored
+    assert [leaf.dynamic for leaf in leaves("(f32[<=8]{0}, s32[2])")] == [True, False]
+    assert leaves("(f32[<=8]{0}, s32[2])")[0].dims == (8,)
 
 
 def test_host_lowering_refuses_what_it_cannot_run() -> None:
@@ -310,13 +322,12 @@ def test_cuda_pipeline_on_gpu_fixtures(path: str) -> None:
         if start.opcode == "custom-call":
             lowered += 1
             assert stream is not None
-            config = backend_config(start.text)
-            assert config["stream"] == f"{stream} : i64"
+            assert call_of(start).stream == stream
             assert "replica-id" not in out  # the CUDA runtime maps devices itself
         else:
             # Left to XLA: sync/pipelined pairs, send/recv, and layouts NCCL cannot address.
             assert stream is None or pair.kind in ("send", "recv") or pair.kind == "reduce-scatter"
-    assert lowered == out.count('custom_call_target="xla_streams_start"') > 0
+    assert lowered == len(targets(out, START_TARGET)) > 0
     check_xla_accepts(out)
 
 
@@ -324,8 +335,8 @@ def test_cuda_lowering_passes_the_device_assignment() -> None:
     text = read(GPU_FIXTURES[0])
     devices = (3, 1, 2, 0, 4, 5, 6, 7)
     module, _ = run(text, build_pipeline(4, runtime="cuda", devices=devices))
-    line = next(i.text for i in module.instructions() if "xla_streams_start" in i.text)
-    assert backend_config(line)["device_ids"] == "array<i64: 3, 1, 2, 0, 4, 5, 6, 7>"
+    start = next(i for i in module.instructions() if START_TARGET in i.text)
+    assert call_of(start).device_ids == devices
     with pytest.raises(PipelineError, match="devices lists 3 ids but the module has 8 devices"):
         run(text, build_pipeline(4, runtime="cuda", devices=(0, 1, 2)))
 

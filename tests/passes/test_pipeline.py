@@ -155,3 +155,10 @@ def test_importing_the_passes_package_loads_no_pass() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['xla_streams.passes.base']"
+
+
+@pytest.mark.parametrize("written", ["٤", "+2", "1_0", "²"])
+def test_spec_numbers_are_ascii_digits(written: str) -> None:
+    # int() reads all of these; XLA and the plugin's settings take ASCII digits only.
+    with pytest.raises(PipelineError, match="streams must be an integer"):
+        parse_pipeline(f"assign-streams{{streams={written}}}")

@@ -172,6 +172,37 @@ def test_xla_flags_added_only_when_missing() -> None:
     assert users == {"xla_gpu_experimental_parallel_collective_overlap_limit": "2"}
 
 
+def test_overlap_limit_read_as_a_number() -> None:
+    limit = xla_options.OVERLAP_LIMIT
+    assert xla_options.overlap_limit_in(f"--a=1 --{limit}=8") == 8
+    assert xla_options.overlap_limit_in("--a=1") is None
+    assert xla_options.overlap_limit_in(f"--{limit}=many") is None
+    assert xla_options.overlap_limit_in(f"--{limit}=-2") is None
+    assert xla_options.overlap_limit_of(4) == 4 and xla_options.overlap_limit_of("4") == 4
+    assert xla_options.overlap_limit_of(True) is None and xla_options.overlap_limit_of(-1) is None
+
+
+@pytest.mark.parametrize(
+    ("xla_flags", "started", "expected"),
+    [
+        ("", False, 4),  # ours: native mode's K
+        ("--{limit}=2", False, 2),  # the user's wins
+        ("--{limit}=two", False, 1),  # the user's, unreadable: XLA's default
+        ("", True, 1),  # XLA has read XLA_FLAGS: ours came too late
+        ("--{limit}=2", True, 2),
+    ],
+)
+def test_stream_model_takes_the_overlap_limit_in_effect(
+    monkeypatch: pytest.MonkeyPatch, xla_flags: str, started: bool, expected: int
+) -> None:
+    monkeypatch.setenv("XLA_FLAGS", xla_flags.format(limit=xla_options.OVERLAP_LIMIT))
+    monkeypatch.setattr(plugin.jax_compat, "backends_started", lambda: started)
+    for name in ("_xla_flags_before", "_xla_flags_added", "_model", "_late_warning_given"):
+        monkeypatch.setattr(plugin, name, getattr(plugin, name))
+    plugin._apply_xla_options(Config(4))
+    assert plugin._model.overlap_limit == expected
+
+
 # -- the module the hook sees ----------------------------------------------------------
 
 

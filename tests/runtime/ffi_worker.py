@@ -23,6 +23,7 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import ctypes
+import dataclasses
 import json
 import re
 import time
@@ -39,6 +40,7 @@ from xla_streams import runtime
 from xla_streams.pipeline import build_pipeline
 from xla_streams.plugin import hook
 from xla_streams.plugin.xla_module import module_text, to_proto
+from xla_streams.runtime import abi
 
 STATE: dict[str, Any] = {"ffi": False, "rewrite": None, "lowered": 0, "modules": []}
 STREAMS = 4
@@ -52,7 +54,7 @@ def callback(serialized: bytes) -> bytes | None:
         compilation = hook.run_pipeline(rewritten, build_pipeline(STREAMS, runtime="host"))
         if compilation.module.restructured:
             out = compilation.module.print()
-            STATE["lowered"] += out.count('custom_call_target="xla_streams_start"')
+            STATE["lowered"] += out.count(f'custom_call_target="{abi.START_TARGET}"')
             STATE["modules"].append(out)
     return None if out == text else to_proto(out)
 
@@ -334,7 +336,7 @@ def overlap() -> dict[str, Any]:
 
     def probe(x: Any, spin_us: int, label: str) -> Any:
         return jax.ffi.ffi_call(
-            runtime.COMPUTE_TARGET, jax.ShapeDtypeStruct(x.shape, x.dtype), has_side_effect=True
+            abi.COMPUTE_TARGET, jax.ShapeDtypeStruct(x.shape, x.dtype), has_side_effect=True
         )(x, spin_us=np.int64(spin_us), label=label)
 
     def body(x: Any, y: Any) -> Any:
@@ -364,7 +366,7 @@ def overlap() -> dict[str, Any]:
         if result["streams_overlap"] and result["compute_between"]:
             break
     best["schedule"] = re.findall(r'custom_call_target="(\w+)"', STATE["modules"][-1])
-    best["compiled_has_custom_calls"] = "xla_streams_start" in compiled.as_text()
+    best["compiled_has_custom_calls"] = abi.START_TARGET in compiled.as_text()
     return best
 
 
@@ -412,31 +414,29 @@ def runtime_collective(
     them); ``alias_operands`` makes the start write into its operands, as XLA may."""
     ids = jax.lax.axis_index("x").astype(jnp.uint32)
     zero = jnp.zeros((), jnp.uint32)
-    attrs = {
-        "op_id": np.int64(op_id),
-        "name": name,
-        "kind": kind,
-        "stream": np.int64(stream),
-        "reduction": "add" if kind in ("all-reduce", "reduce-scatter") else "",
-        "groups": np.arange(8, dtype=np.int64),
-        "group_sizes": np.array([8], dtype=np.int64),
-        "dimension": np.int64(-1),
-        "channel": np.int64(0),
-        "num_partitions": np.int64(8),
-        **overrides,
-    }
+    call = abi.CollectiveCall(
+        op_id=op_id,
+        name=name,
+        kind=kind,
+        stream=stream,
+        reduction="add" if kind in ("all-reduce", "reduce-scatter") else "",
+        groups=tuple(range(8)),
+        group_sizes=(8,),
+        num_partitions=8,
+    )
+    call = dataclasses.replace(call, **overrides)
     types = [jax.ShapeDtypeStruct(shape, xs[0].dtype) for shape in out_shapes]
     results = {i: i for i in range(len(out_shapes))}
     started = jax.ffi.ffi_call(
-        runtime.START_TARGET,
+        abi.START_TARGET,
         types,
         has_side_effect=True,
         input_output_aliases=results if alias_operands else None,
-    )(*xs, zero, ids, **attrs)
+    )(*xs, zero, ids, **runtime.ffi_attributes(call.start_attributes()))
     done = jax.ffi.ffi_call(
-        runtime.DONE_TARGET, types, has_side_effect=True, input_output_aliases=results
+        abi.DONE_TARGET, types, has_side_effect=True, input_output_aliases=results
     )
-    return done(*started, *xs, op_id=attrs["op_id"], name=name, kind=kind, stream=attrs["stream"])
+    return done(*started, *xs, **runtime.ffi_attributes(call.done_attributes()))
 
 
 def timeout() -> dict[str, Any]:
@@ -462,7 +462,7 @@ def mismatch() -> dict[str, Any]:
     mesh = mesh1d()
 
     def collective(x: Any, op_id: int, kind: str = "all-reduce", out_shape: Any = None) -> Any:
-        gather = {"dimension": np.int64(0), "outer": np.array([1], dtype=np.int64)}
+        gather = {"dimension": 0, "outer": (1,)}
         extra = gather if kind == "all-gather" else {}
         (out,) = runtime_collective(
             kind, [x], [out_shape or x.shape], op_id, name="mismatched", **extra
@@ -500,7 +500,9 @@ def aliased() -> dict[str, Any]:
     lib.xs_host_staged_operands.restype = ctypes.c_int64
     before = lib.xs_host_staged_operands()
 
-    def call(kind: str, x: Any, op_id: int, groups: Any, group_sizes: Any) -> Any:
+    def call(
+        kind: str, x: Any, op_id: int, groups: tuple[int, ...], group_sizes: tuple[int, ...]
+    ) -> Any:
         (out,) = runtime_collective(
             kind,
             [x],
@@ -508,16 +510,16 @@ def aliased() -> dict[str, Any]:
             op_id,
             name=f"aliased.{kind}",
             alias_operands=True,
-            groups=np.asarray(groups, dtype=np.int64),
-            group_sizes=np.asarray(group_sizes, dtype=np.int64),
+            groups=groups,
+            group_sizes=group_sizes,
         )
         return out
 
     shift = [(i, (i + 1) % 8) for i in range(8)]
 
     def body(x: Any) -> Any:
-        summed = call("all-reduce", x, 1, np.arange(8), [8])
-        permuted = call("collective-permute", x, 2, np.ravel(shift), [2] * 8)
+        summed = call("all-reduce", x, 1, tuple(range(8)), (8,))
+        permuted = call("collective-permute", x, 2, tuple(d for p in shift for d in p), (2,) * 8)
         return summed, permuted
 
     fn = jax.jit(smap(mesh, body, P("x"), (P("x"), P("x"))))
@@ -542,7 +544,7 @@ def direct() -> dict[str, Any]:
         )
 
     def body(x: Any, y: Any) -> Any:  # x, y: [4, 16] row major per device
-        outer = {"dimension": np.int64(1), "outer": np.array([4], dtype=np.int64)}
+        outer = {"dimension": 1, "outer": (4,)}
         (gathered,) = call("all-gather", [x], [(4, 128)], 1, **outer)
         (scattered,) = call("reduce-scatter", [x], [(4, 2)], 2, **outer)
         (exchanged,) = call("all-to-all", [x], [(4, 16)], 3, **outer)

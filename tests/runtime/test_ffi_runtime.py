@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from xla_streams import runtime
-from xla_streams.runtime import build
+from xla_streams.runtime import abi, build
 
 HERE = os.path.dirname(__file__)
 WORKER = os.path.join(HERE, "ffi_worker.py")
@@ -62,7 +62,9 @@ def test_host_library_builds_once_and_is_cached() -> None:
     assert build.build("host") == path
     assert time.monotonic() - began < 5  # a digest, no compile
     lib = runtime.load("host")
-    assert lib.xs_abi_version() == 1
+    assert lib.xs_abi_version() == abi.ABI_VERSION
+    for symbol in abi.HANDLERS["host"].values():
+        assert hasattr(lib, symbol)
 
 
 def test_missing_compiler_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -81,9 +83,9 @@ def test_cuda_library_builds_without_a_gpu() -> None:
     assert runtime.cuda_available(), "install the gpu-aot extra: pip install -e '.[test,gpu-aot]'"
     path = build.build("cuda")
     lib = ctypes.CDLL(str(path))
-    assert lib.xs_abi_version() == 1
+    assert lib.xs_abi_version() == abi.ABI_VERSION
     assert lib.xs_cuda_nccl_version() >= 21400  # non-blocking communicators
-    for symbol in ("xla_streams_cuda_start", "xla_streams_cuda_done", "xs_cuda_set_kv"):
+    for symbol in (*abi.HANDLERS["cuda"].values(), "xs_cuda_set_kv"):
         assert hasattr(lib, symbol)
     assert lib.xs_cuda_set_stream_priority(b"high") == 0
     assert lib.xs_cuda_set_stream_priority(b"-1") == 0
@@ -163,10 +165,10 @@ def test_trace_shows_streams_overlapping_and_compute_between_start_and_done() ->
     # ...and the compute probe ran after a start returned and before its done completed.
     assert result["compute_between"], result
     schedule = result["schedule"]  # custom-call targets in schedule order
-    assert schedule.count("xla_streams_start") == schedule.count("xla_streams_done") == 2
-    probe = schedule.index("xla_streams_compute")
-    assert schedule.index("xla_streams_start") < probe
-    assert probe < len(schedule) - 1 - schedule[::-1].index("xla_streams_done")
+    assert schedule.count(abi.START_TARGET) == schedule.count(abi.DONE_TARGET) == 2
+    probe = schedule.index(abi.COMPUTE_TARGET)
+    assert schedule.index(abi.START_TARGET) < probe
+    assert probe < len(schedule) - 1 - schedule[::-1].index(abi.DONE_TARGET)
 
 
 # -- errors ------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from xla_streams.runtime import build
+from xla_streams.runtime import abi, build
 
 FAKE_CXX = """#!/bin/sh
 if [ "$1" = "--version" ]; then echo "stand-in c++ of test_runtime_build"; exit 0; fi
@@ -32,7 +32,7 @@ exit {status}
 
 LOAD = """
 from xla_streams import _log, runtime
-from xla_streams.runtime import build
+from xla_streams.runtime import abi, build
 _log.configure("info")  # as the plugin does
 print(build.library_path("host"), runtime.load("host").xs_abi_version())
 """
@@ -71,8 +71,8 @@ def load_in_subprocess(env: dict[str, str], *, builds: bool) -> Path:
         f"loading the cached library failed (exit {result.returncode}):\n{result.stderr[-3000:]}"
     )
     assert (BUILDING in result.stderr) == builds, result.stderr  # a build is announced
-    path, abi = result.stdout.split()
-    assert abi == "1"
+    path, version = result.stdout.split()
+    assert version == str(abi.ABI_VERSION)
     return Path(path)
 
 

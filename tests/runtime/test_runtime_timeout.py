@@ -16,6 +16,8 @@ from collections.abc import Iterator
 import pytest
 
 from xla_streams import runtime
+from xla_streams.plugin.settings import Config, ConfigError
+from xla_streams.runtime import abi
 
 WEEK_MS = 7 * 24 * 3600 * 1000
 
@@ -115,3 +117,41 @@ def test_bad_environment_timeout_fails_loading_the_runtime(value: str) -> None:
 def test_environment_timeout_reaches_the_runtime() -> None:
     assert load_with("0.25") == "ms 250 s 0.25"
     assert load_with("") == "ms 300000 s 300.0"  # empty: unset
+
+
+@pytest.mark.parametrize("value", ["30", " 2.5 ", "1e-3", "604800", "abc", "", "0", "nan", "inf"])
+def test_settings_and_runtime_take_the_same_timeouts(value: str) -> None:
+    """XLA_STREAMS_TIMEOUT_S read by the plugin's settings and by the runtime: one check,
+    one message."""
+    try:
+        expected: float | str = runtime.parse_timeout(value)
+    except ValueError as e:
+        expected = str(e)
+    try:
+        config = Config.from_env(
+            {"XLA_STREAMS_COLLECTIVE_STREAMS": "2", "XLA_STREAMS_TIMEOUT_S": value}
+        )
+        assert config is not None
+        got: float | str = config.timeout_s
+    except ConfigError as e:
+        assert e.setting == "timeout_s"
+        got = str(e)
+    if value.strip():
+        assert got == expected
+    else:  # an empty variable is unset: the default (as the runtime's, test above)
+        assert got == abi.DEFAULT_TIMEOUT_S
+
+
+def test_config_takes_numbers_from_the_same_range() -> None:
+    assert Config(collective_streams=2).timeout_s == abi.DEFAULT_TIMEOUT_S
+    assert Config(collective_streams=2, timeout_s=0.001).timeout_s == 0.001
+    for bad in (0, True, "30", float("inf"), 604801):
+        with pytest.raises(ConfigError, match=r"^timeout_s=.* is not valid: expected a number of"):
+            Config(collective_streams=2, timeout_s=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("written", ["٤", "٤.5", "²"])
+def test_timeout_numbers_are_ascii(written: str) -> None:
+    # float() reads Arabic-Indic digits; the variable takes ASCII only.
+    with pytest.raises(ValueError, match="expected a number of seconds"):
+        abi.read_timeout(written, "XLA_STREAMS_TIMEOUT_S")

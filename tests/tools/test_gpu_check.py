@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from xla_streams.runtime import abi
 from xla_streams.simulate.calibration import load_calibration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,6 +61,46 @@ def test_dry_run_plans_and_runs_what_needs_no_gpu(tmp_path: Path) -> None:
     written = load_calibration(tmp_path / "out" / "calibration.json")
     assert written.ratios == {"h200": check.DRY_RUN_RATIOS}
     assert written.provenance["tool"] == "tools/gpu_check.py --dry-run"
+
+
+# The dry run in a process of its own: which of jax, jaxlib and numpy it imported.
+DRY_RUN_IMPORTS = """
+import runpy, sys
+sys.argv = [{script!r}, {out!r}, "--dry-run"]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit as e:
+    assert not e.code, e.code
+print(sorted({{m.split(".")[0] for m in sys.modules}} & {{"jax", "jaxlib", "numpy"}}))
+"""
+
+
+def test_dry_run_imports_neither_jax_nor_numpy(tmp_path: Path) -> None:
+    """The package is imported at the top of the script; JAX and numpy only where a
+    check that needs the GPU runs."""
+    code = DRY_RUN_IMPORTS.format(script=str(SCRIPT), out=str(tmp_path / "out"))
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1] == "[]"
+
+
+def test_ffi_calls_are_the_abis() -> None:
+    """The ffi check calls every kind and element type lower-to-ffi hands the CUDA
+    runtime, with attributes that read back as written."""
+    assert check.FFI_KINDS == abi.KINDS
+    assert tuple(check.FFI_DTYPES) == abi.ELEMENT_TYPES["cuda"]
+    gather = check.ffi_call_of(3, "all-gather", 1)
+    assert abi.CollectiveCall.parse(gather.start_config()) == gather
+    assert (gather.dimension, gather.outer, gather.groups, gather.group_sizes) == (
+        0,
+        (1,),
+        (0,),
+        (1,),
+    )
+    lonely = check.ffi_call_of(4, "collective-permute", 0, device_ids=(0, 0))
+    assert lonely.groups == (0, 0) and lonely.start_attributes()["device_ids"] == (0, 0)
 
 
 def test_without_a_gpu_nothing_runs(

@@ -24,12 +24,22 @@ input or usage (malformed HLO, unknown pass, bad flag value, unreadable file).
 User errors print one message and no traceback. Outputs are written only when
 the whole command succeeded, each atomically (see ``xla_streams._io``).
 
+An input is HLO text: UTF-8 (a byte that is not is an error at its line and
+column; gzip data says to gunzip it), no NUL byte, at most ``MAX_INPUT_BYTES``
+(1 GiB). A larger file is refused from its size before anything is read;
+standard input, a pipe or a device is refused once that much has been read (and
+at the first NUL, so ``/dev/zero`` at once).
+
 Nothing here imports JAX: the offline commands start in well under a second.
 The ``demo`` command imports its module only when run.
 """
 
 from __future__ import annotations
 
+import errno
+import gc
+import os
+import stat
 import sys
 import textwrap
 from collections.abc import Callable
@@ -39,8 +49,17 @@ from typing import Any, NoReturn, TextIO
 from absl import flags
 
 from xla_streams._io import atomic_write_many
+from xla_streams._text import aligned
 from xla_streams.cli.stream_model_flags import define_stream_model_flags, stream_model
-from xla_streams.collectives import MAX_STREAMS, POLICIES
+from xla_streams.collectives import (
+    DEFAULT_POLICY,
+    DEFAULT_STREAMS,
+    MAX_STREAMS,
+    POLICIES,
+    STREAM_COUNTS,
+    check_streams,
+    streams_from_text,
+)
 from xla_streams.hlo import HloError, Module, parse_module
 from xla_streams.passes.base import Compilation, ModulePass, PipelineError, VerificationError
 from xla_streams.pipeline import PASSES, PassManager, build_pipeline, pass_class
@@ -50,6 +69,10 @@ STDIO = "-"
 EXIT_OK = 0
 EXIT_VERIFICATION = 1
 EXIT_USAGE = 2
+# The largest input read. The largest real modules are tens of MB of HLO text; a
+# bigger input is a wrong file (or /dev/zero), refused rather than read into memory.
+MAX_INPUT_BYTES = 1 << 30
+_READ_CHUNK = 1 << 24
 
 
 class UsageError(Exception):
@@ -84,25 +107,27 @@ class Args:
             found = " ".join(self.positional) or "none"
             raise UsageError(f"expected one input file ('-' for standard input), found: {found}")
         path = self.positional[0]
+        name = "standard input" if path == STDIO else f"'{path}'"
+        where = "<stdin>" if path == STDIO else path
         try:
             if path == STDIO:
                 # Bytes, so that nothing (a CR) is translated on the way to the output.
                 buffer = getattr(self.stdin, "buffer", None)
-                data = buffer.read().decode("utf-8") if buffer else self.stdin.read()
-                return "<stdin>", data
-            with open(path, encoding="utf-8", newline="") as f:
-                return path, f.read()
+                if buffer is None:  # a text stream (in-process callers): already decoded
+                    text = self.stdin.read(MAX_INPUT_BYTES + 1)
+                    if len(text) > MAX_INPUT_BYTES:
+                        raise InputError(_too_large(name))
+                    return where, text
+                data = _read_capped(buffer, name)
+            else:
+                with open(path, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    if stat.S_ISREG(st.st_mode) and st.st_size > MAX_INPUT_BYTES:
+                        raise InputError(_too_large(name, st.st_size))
+                    data = _read_capped(f, name)
         except OSError as e:
-            name = "standard input" if path == STDIO else f"'{path}'"
             raise InputError(f"cannot read {name}: {_os_reason(e)}") from None
-        except UnicodeDecodeError as e:
-            name = "standard input" if path == STDIO else f"'{path}'"
-            what = "gzip-compressed data" if e.object[:2] == b"\x1f\x8b" else "binary data"
-            raise InputError(
-                f"{name} is not HLO text ({what}, byte {e.start} is not UTF-8); give the "
-                "text that compiled.as_text() or an --xla_dump_to *after_optimizations.txt "
-                "file holds" + (" (gunzip it first)" if what.startswith("gzip") else "")
-            ) from None
+        return where, _decoded(data, where, name)
 
     def output(self, path: str | None, text: str) -> None:
         """Write ``text`` to ``path`` (``-``: stdout) when the command succeeds."""
@@ -125,6 +150,9 @@ class Command:
     flags: Callable[[flags.FlagValues], None] = lambda fv: None
     description: str = ""  # more for `xla-streams CMD --help`
     arguments: tuple[tuple[str, str], ...] = _HLO_INPUT
+    # Reads HLO text and ends (no JAX): it runs without the cyclic garbage collector,
+    # which would walk a large module's ~10^5 objects again at every collection.
+    text_only: bool = True
 
 
 # -- flags shared by commands --------------------------------------------------------
@@ -137,25 +165,19 @@ class _StreamsParser(flags.IntegerParser):
         super().__init__(lower_bound=1, upper_bound=MAX_STREAMS)
 
     def parse(self, argument: Any) -> int:
-        try:
-            value = int(argument) if not isinstance(argument, int) else argument
-        except ValueError:
-            value = None
-        if value is None or isinstance(value, bool) or not 1 <= value <= MAX_STREAMS:
-            raise ValueError(
-                f"the number of collective streams must be an integer from 1 to {MAX_STREAMS}"
-            )
-        return value
+        if isinstance(argument, str):
+            return streams_from_text(argument)
+        return check_streams(argument)
 
 
 def _streams_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE(
-        _StreamsParser(), "streams", 4,
+        _StreamsParser(), "streams", DEFAULT_STREAMS,
         f"Number of collective streams K to spread the collectives over (1..{MAX_STREAMS}).",
         flag_values=fv, serializer=flags.ArgumentSerializer(),
     )  # fmt: skip
     flags.DEFINE_enum(
-        "policy", "interval", list(POLICIES),
+        "policy", DEFAULT_POLICY, list(POLICIES),
         "How to pick a stream: 'interval' takes the lowest stream free when the collective "
         "starts; 'round-robin' takes the next stream in turn.",
         flag_values=fv,
@@ -294,14 +316,14 @@ def _simulate(args: Args) -> int:
 
 
 def _tune_flags(fv: flags.FlagValues) -> None:
-    from xla_streams.tuning import define_flags
+    from xla_streams.cli.tune import define_flags
 
     define_flags(fv)
 
 
 def _tune(args: Args) -> int:
     # Imports JAX when it compiles: only for this command.
-    from xla_streams.tuning import TuneError, TuneUsageError, run_command
+    from xla_streams.cli.tune import TuneError, TuneUsageError, run_command
 
     try:
         result = run_command(args.positional, args.flag, args.stderr)
@@ -318,6 +340,9 @@ def _tune(args: Args) -> int:
     return EXIT_OK
 
 
+_ASSIGNMENT_DEFAULTS = f"[--streams={DEFAULT_STREAMS}] [--policy={DEFAULT_POLICY}]"
+_COUNTS = ", ".join(map(str, STREAM_COUNTS))
+
 COMMANDS: dict[str, Command] = {
     "opt": Command(
         "Run a pipeline of passes over an HLO module and print the result.",
@@ -330,7 +355,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "assign": Command(
         "Give every async collective one of K streams and write the annotated module.",
-        "IN.hlo [--streams=4] [--policy=interval] [--output=OUT.hlo] [--json=OUT.json] [--quiet]",
+        f"IN.hlo {_ASSIGNMENT_DEFAULTS} [--output=OUT.hlo] [--json=OUT.json] [--quiet]",
         _assign,
         _assign_flags,
         "Finds every async collective start/done pair, assigns each a collective stream, "
@@ -341,7 +366,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "report": Command(
         "Show which stream each async collective would get; the module is not changed.",
-        "IN.hlo [--streams=4] [--policy=interval] [--json=OUT.json]",
+        f"IN.hlo {_ASSIGNMENT_DEFAULTS} [--json=OUT.json]",
         _report,
         _assignment_flags,
         "Prints the table that `assign` prints, without writing a module: every async "
@@ -349,9 +374,9 @@ COMMANDS: dict[str, Command] = {
         "then a summary.",
     ),
     "simulate": Command(
-        "Predict the step time with K = 1, 2, 4, 8 streams under each policy; draw the timelines.",
-        "IN.hlo [--streams=1,2,4,8] [--policy=interval,round-robin] [--trace=OUT.json] "
-        "[--html=OUT.html] [--target=h100] [--target-file=T.json]",
+        f"Predict the step time with K = {_COUNTS} streams under each policy; draw the timelines.",
+        f"IN.hlo [--streams={','.join(map(str, STREAM_COUNTS))}] [--policy={','.join(POLICIES)}] "
+        "[--trace=OUT.json] [--html=OUT.html] [--target=h100] [--target-file=T.json]",
         _simulate,
         _simulate_flags,
         "Replays the schedule on a cost model of the target GPU (xla_streams/simulate/) for "
@@ -361,33 +386,41 @@ COMMANDS: dict[str, Command] = {
     ),
     "tune": Command(
         "Find the XLA overlap options and stream count that make a JAX program fastest (JAX).",
-        "PROGRAM.py[:BUILDER] --devices=N [--devices-per-host=8] [--target=h100] "
-        "[--json=OUT.json] [--budget-s=300] | --program=NAME",
+        "PROGRAM.py[:BUILDER] | DUMP_DIR_OR_FILE | --program=NAME  --devices=N "
+        "[--devices-per-host=8] [--target=h100] [--json=OUT.json] [--budget-s=300] [--jobs=N]",
         _tune,
         _tune_flags,
         "Compiles the program without a GPU under candidate settings of XLA's overlap "
         "levers (overlap limit, loop pipelining, double buffering, early starts, XLA's "
-        "multi-streaming, the NVLink overlap limit, combine thresholds), predicts each "
-        "with the simulator for K = 1, 2, 4, 8 collective streams, keeps those that fit "
-        "in memory, and prints them ranked with the command that runs the best. "
-        "BUILDER(devices) -> (jitted_fn, abstract_args), default 'build'.",
+        "multi-streaming, the NVLink domain and its overlap limit, combine thresholds, "
+        "collective matmul), predicts each with its range with the simulator for K = "
+        f"{_COUNTS} collective streams, keeps those that fit in memory, and prints them "
+        "ranked with the command that runs the best. Compiles are cached on disk.",
         arguments=(
             (
                 "PROGRAM.py[:BUILDER]",
-                "A Python file defining BUILDER(devices) -> (jitted_fn, abstract_args); "
-                "devices are the topology's GPUs, host-major.",
+                "A Python file defining BUILDER(devices) -> (jitted_fn, abstract_args), or a "
+                "jax.stages.Lowered; devices are the topology's GPUs, host-major.",
+            ),
+            (
+                "DUMP_DIR_OR_FILE",
+                "Or, with no code: a JAX_DUMP_IR_TO folder (the training step is its largest "
+                "module) or a file of lowered.as_text(debug_info=True).",
             ),
         ),
+        text_only=False,
     ),
     "demo": Command(
         "Compile the demo transformer step and show its collectives spread over streams (JAX).",
-        "[--program=transformer_step] [--streams=4] [--mode=auto] [--report-dir=DIR]",
+        f"[--program=transformer_step] [--streams={DEFAULT_STREAMS}] [--mode=auto] "
+        "[--report-dir=DIR]",
         _demo,
         _demo_flags,
         "Compiles an embedded sharded JAX program with the plugin on (for this machine's "
         "GPUs when it has enough, else for 8 H100s without a GPU), and prints the "
         "assignment the plugin made inside XLA's compile, with its report files.",
         arguments=(),
+        text_only=False,
     ),
 }
 
@@ -418,11 +451,8 @@ def _reports(args: Args, compilation: Compilation, *, quiet: bool) -> None:
 
 def _timings(manager: PassManager) -> str:
     total = sum(t for _, t in manager.timings)
-    width = max([len(name) for name, _ in manager.timings] + [len("total")])
-    lines = ["pass timings:"]
-    lines += [f"  {name:<{width}}  {t * 1000:9.3f} ms" for name, t in manager.timings]
-    lines.append(f"  {'total':<{width}}  {total * 1000:9.3f} ms")
-    return "\n".join(lines) + "\n"
+    rows = [(name, f"{t * 1000:9.3f} ms") for name, t in [*manager.timings, ("total", total)]]
+    return "\n".join(["pass timings:", *aligned(rows, indent="  ")]) + "\n"
 
 
 # -- driver --------------------------------------------------------------------------
@@ -497,13 +527,75 @@ def _write_outputs(args: Args) -> None:
     try:
         atomic_write_many(files)
     except OSError as e:
-        raise InputError(f"cannot write '{e.filename or files[0][0]}': {_os_reason(e)}") from None
+        reason = _os_reason(e)
+        if e.errno == errno.ENXIO:  # opening a FIFO without a reader (never waited for)
+            reason = "it is a FIFO and nothing is reading it (start the reader first)"
+        raise InputError(f"cannot write '{e.filename or files[0][0]}': {reason}") from None
     for path, text in args.outputs:
         if path == STDIO:
             args.stdout.write(text)
     args.stdout.flush()
     for text in args.messages:
         args.stderr.write(text)
+
+
+def _too_large(name: str, size: int | None = None) -> str:
+    has = f"is {size} bytes," if size is not None else "holds"
+    return (
+        f"{name} {has} more than the {MAX_INPUT_BYTES} bytes (1 GiB) an input may be "
+        "(MAX_INPUT_BYTES): HLO text of the largest programs is tens of MB"
+    )
+
+
+def _read_capped(f: Any, name: str) -> bytes:
+    """At most MAX_INPUT_BYTES from ``f``, InputError past them; reading stops after a
+    chunk holding a NUL byte, which HLO text never holds (the caller says where)."""
+    chunks: list[bytes] = []
+    total = 0
+    while chunk := f.read(min(_READ_CHUNK, MAX_INPUT_BYTES + 1 - total)):
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > MAX_INPUT_BYTES:
+            raise InputError(_too_large(name))
+        if b"\0" in chunk:
+            break
+    return b"".join(chunks)
+
+
+def _decoded(data: bytes, where: str, name: str) -> str:
+    """``data`` as UTF-8 text; an HloError at the line and column of the first byte that
+    is not UTF-8, or of the first NUL (HLO text holds none)."""
+    nul = data.find(b"\0")
+    try:
+        text = (data[:nul] if nul >= 0 else data).decode("utf-8")
+    except UnicodeDecodeError as e:
+        if data.startswith(b"\x1f\x8b"):
+            what = "gzip-compressed data: gunzip it first"
+        else:
+            what = f"binary data: byte 0x{data[e.start]:02x} is not UTF-8"
+        raise _byte_error(data, e.start, where, f"{name} is not HLO text ({what})") from None
+    if nul >= 0:
+        raise _byte_error(data, nul, where, f"{name} is not HLO text (a NUL byte)")
+    return text
+
+
+def _byte_error(data: bytes, at: int, where: str, what: str) -> HloError:
+    """An HloError at byte ``at`` of ``data``, everything before which is UTF-8."""
+    line_start = data.rfind(b"\n", 0, at) + 1
+    line_end = data.find(b"\n", at, at + 10_000)
+    line = data[line_start : line_end if line_end >= 0 else at + 200]
+    return HloError(
+        f"{what}; give the text that compiled.as_text() or an --xla_dump_to "
+        "*after_optimizations.txt file holds",
+        path=where,
+        line=data.count(b"\n", 0, at) + 1,
+        column=len(data[line_start:at].decode("utf-8")) + 1,  # characters, as parse errors
+        source_line=(
+            line.decode("utf-8", "replace").replace("\0", "?").rstrip("\r")
+            if at - line_start < 10_000
+            else ""
+        ),
+    )
 
 
 def _negations_spelled_for_absl(argv: list[str], fv: flags.FlagValues) -> list[str]:
@@ -533,8 +625,7 @@ def _os_reason(e: BaseException) -> str:
 
 
 def _main_help() -> str:
-    width = max(len(n) for n in COMMANDS)
-    commands = "\n".join(f"  {n:<{width}}  {c.summary}" for n, c in COMMANDS.items())
+    commands = "\n".join(aligned([(n, c.summary) for n, c in COMMANDS.items()], indent="  "))
     about = (
         "Spread the async collectives of a scheduled XLA (JAX) program over several "
         "collective streams, so that collectives that overlap in the schedule also run at "
@@ -625,6 +716,10 @@ def _passes_help() -> str:
 
 def run() -> NoReturn:
     """The console script's entry point."""
+    command = COMMANDS.get(sys.argv[1]) if len(sys.argv) > 1 else None
+    text_only = command is not None and command.text_only
+    if text_only:
+        gc.disable()
     try:
         code = main()
         sys.stdout.flush()
@@ -637,6 +732,8 @@ def run() -> NoReturn:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         raise SystemExit(EXIT_OK) from None
+    if text_only:
+        gc.freeze()  # the OS frees the heap at exit; nothing to collect on the way out
     raise SystemExit(code)
 
 

@@ -1,8 +1,16 @@
 """``xla-streams simulate``: the what-if table for a scheduled module, and its pictures.
 
     xla-streams simulate IN.hlo --streams=1,2,4,8 --policy=interval,round-robin \\
-        --trace=OUT.json --html=OUT.html [--target=h100 --target-file=T.json]
-        [--calibration=C.json] [--overlap-limit=N] [--sync-on-compute]
+        --trace=OUT.json --html=OUT.html --json=OUT.json [--target=h100
+        --target-file=T.json] [--calibration=C.json] [--perf-table=TABLE.txtpb]
+        [--profile=PGLE.pbtxt] [--overlap-limit=N] [--sync-on-compute]
+
+Besides the what-if table for each K and policy it predicts XLA's own
+collective multi-streaming (``xla_stream_assignment``: streams 0 and 1 in turn,
+in post-order), the range of the K=1 step time when every modelled input is at
+either end of its error bound (``predict_range``), and, with a PGLE profile, how
+much of the step was measured rather than modelled. ``--json`` writes all of it
+(schema :data:`SCHEMA`, checked by :func:`json_problems`).
 
 The command lives here so that ``cli.py`` only registers it (``define_flags``,
 ``run_cli``); ``simulate_command`` is the same for Python callers. Nothing here
@@ -13,6 +21,7 @@ plugin writes, are in :mod:`xla_streams.simulate.visual`.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -24,16 +33,44 @@ from typing import Any, Protocol, TextIO
 from absl import flags
 
 from xla_streams._io import atomic_write_many
+from xla_streams._text import aligned
 from xla_streams.cli.stream_model_flags import define_stream_model_flags, stream_model
-from xla_streams.collectives import MAX_STREAMS, POLICIES, Policy, StreamModel
+from xla_streams.collectives import (
+    MAX_STREAMS,
+    POLICIES,
+    STREAM_COUNTS,
+    Policy,
+    StreamModel,
+    streams_from_text,
+)
 from xla_streams.hlo import HloError, Module, parse_module
 from xla_streams.passes.base import Compilation, Fact
 from xla_streams.simulate.calibration import CalibrationError, load_calibration
-from xla_streams.simulate.simulator import Progress, Simulator, WhatIf, runs_on, what_if
-from xla_streams.simulate.targets import TARGETS, Target, TargetError, get_target, load_target
-from xla_streams.simulate.visual import DEFAULT_STREAMS, pictures
+from xla_streams.simulate.execution_streams import MULTI_STREAMING_COMMUNICATION_STREAMS
+from xla_streams.simulate.measured import PerfTableError, default_perf_table
+from xla_streams.simulate.profile import MeasuredCosts, Profile, ProfileError, load_profile
+from xla_streams.simulate.ranges import PredictionRange, predict_range
+from xla_streams.simulate.simulator import (
+    Progress,
+    SimResult,
+    Simulator,
+    WhatIf,
+    runs_on,
+    what_if,
+)
+from xla_streams.simulate.targets import (
+    TARGETS,
+    Target,
+    TargetError,
+    get_target,
+    load_target,
+    with_perf_table,
+)
+from xla_streams.simulate.visual import pictures, run_xla_multi_streaming
+from xla_streams.xla_options import MULTI_STREAMING
 
 STDOUT = "-"  # the CLI's name for standard output
+SCHEMA = "xla_streams.simulate.v1"  # the JSON that --json writes
 # Inputs at least this large report progress on stderr as they go.
 PROGRESS_BYTES = 4 << 20
 
@@ -59,12 +96,22 @@ class FlagListError(ValueError):
 
 @dataclass
 class Simulation:
-    """Everything one run produced; ``trace`` and ``html`` only when pictures were asked for."""
+    """Everything one run produced; ``trace`` and ``html`` only when pictures were asked
+    for. ``xla``: XLA's own multi-streaming replayed (None when not asked for);
+    ``range``: the baseline's step time at the ends of the model's error bounds (None
+    when not asked for); ``measured``: the profile's costs, when one was given."""
 
     what: WhatIf
     table: str
     trace: str | None = None
     html: str | None = None
+    xla: SimResult | None = None
+    range: PredictionRange | None = None
+    measured: MeasuredCosts | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The prediction as ``--json`` writes it (schema :data:`SCHEMA`)."""
+        return simulation_json(self.what, xla=self.xla, range_=self.range, measured=self.measured)
 
 
 # -- flag values ------------------------------------------------------------------------
@@ -79,12 +126,9 @@ def parse_streams(text: str | Sequence[int | str]) -> tuple[int, ...]:
         if not item:
             continue
         try:
-            k = int(item)
-        except ValueError:
-            raise FlagListError(f"--streams: '{item}' is not an integer") from None
-        if not 1 <= k <= MAX_STREAMS:
-            raise FlagListError(f"--streams: {k} is outside 1..{MAX_STREAMS}")
-        values.append(k)
+            values.append(streams_from_text(item))
+        except ValueError as e:
+            raise FlagListError(f"--streams: {e}") from None
     if not values:
         raise FlagListError("--streams: give at least one stream count, e.g. 1,2,4,8")
     return tuple(sorted(set(values)))
@@ -109,12 +153,35 @@ def parse_policies(text: str | Sequence[str]) -> tuple[Policy, ...]:
 
 
 def resolve_target(
-    name: str = "h100", target_file: str | None = None, calibration: str | None = None
+    name: str = "h100",
+    target_file: str | None = None,
+    calibration: str | None = None,
+    perf_table: str | None = None,
 ) -> Target:
     """``--target`` by name, or ``--target-file`` overrides on top of it, then the
-    ratios of ``--calibration`` for it."""
+    ratios of ``--calibration`` for it, pricing collectives from ``--perf-table``
+    (see :func:`use_perf_table` for its errors)."""
     target = load_target(target_file, base=name) if target_file else get_target(name)
+    if perf_table:
+        target = use_perf_table(target, perf_table)
     return load_calibration(calibration).apply(target) if calibration else target
+
+
+def use_perf_table(target: Target, path: str) -> Target:
+    """``target`` pricing collectives from the table at ``path``: PerfTableError when it
+    cannot be read or lacks the target's GPU, TargetError when the target has no key
+    in XLA's tables (the table would go unused)."""
+    if target.perf_table_key is None:
+        raise TargetError(
+            f"target '{target.name}' has no key in XLA's performance tables, so a table "
+            'would not be used; set "perf_table_key" (e.g. "sm_80") in a --target-file'
+        )
+    return with_perf_table(target, path)
+
+
+def read_profile(path: str) -> Profile:
+    """``--profile``: a PGLE profile (ProfileError, ``file:line``, when unreadable)."""
+    return load_profile(path)
 
 
 # -- the work ---------------------------------------------------------------------------
@@ -123,33 +190,66 @@ def resolve_target(
 def simulate_module(
     module: Module,
     target: Target,
-    streams: Sequence[int] = DEFAULT_STREAMS,
+    streams: Sequence[int] = STREAM_COUNTS,
     policies: Sequence[Policy] = POLICIES,
     *,
     model: StreamModel | None = None,
     pictures_for: str | None = None,
     progress: Progress | None = None,
     compilation: Compilation | None = None,
+    profile: Profile | None = None,
+    xla_multi_streaming: bool = True,
+    prediction_range: bool = True,
 ) -> Simulation:
     """The what-if predictions for ``module``, under ``model`` unless ``compilation``
     has its pairs; with ``pictures_for`` (the trace's address for the HTML's link,
-    or "" for none) also its trace and HTML."""
+    or "" for none) also its trace and HTML. ``profile``: the program's measured
+    costs replace the model's where it names an instruction. ``xla_multi_streaming``:
+    also replay XLA's own two-stream placement; ``prediction_range``: also the
+    baseline at the ends of the model's error bounds."""
     pairs = compilation.pairs if compilation and Fact.ASYNC_PAIRS in compilation.facts else None
     if progress:
         count = sum(len(c.instructions) for c in module.computations)
         progress(f"cost model for {count} instructions")
-    sim = Simulator(module, target, pairs, model=model, progress=progress)
+    measured = profile.for_module(module) if profile is not None else None
+    sim = Simulator(module, target, pairs, model=model, progress=progress, measured=measured)
     what = what_if(module, target, streams, policies, progress=progress, simulator=sim)
-    result = Simulation(what, format_what_if(what))
+    xla = None
+    if xla_multi_streaming:
+        if progress:
+            progress("simulating XLA's own multi-streaming")
+        xla = run_xla_multi_streaming(sim)
+    span = None
+    if prediction_range:
+        if progress:
+            progress("simulating the ends of the error bounds")
+        span = predict_range(sim, what.assignments[(what.streams[0], what.policies[0])])
+    result = Simulation(
+        what,
+        format_what_if(what, xla=xla, range_=span, measured=measured),
+        xla=xla,
+        range=span,
+        measured=measured,
+    )
     if pictures_for is not None:
         if progress:
             progress("recording timelines")
-        result.trace, result.html = pictures(sim, what, trace_href=pictures_for or None)
+        result.trace, result.html = pictures(
+            sim, what, trace_href=pictures_for or None, xla_multi_streaming=xla is not None
+        )
     return result
 
 
-def format_what_if(what: WhatIf) -> str:
-    """The what-if table as aligned text."""
+def format_what_if(
+    what: WhatIf,
+    *,
+    xla: SimResult | None = None,
+    range_: PredictionRange | None = None,
+    measured: MeasuredCosts | None = None,
+) -> str:
+    """The what-if table as aligned text; with ``xla`` XLA's own multi-streaming,
+    with ``range_`` the baseline's range, with ``measured`` how much of the step the
+    profile measured."""
     base = what.baseline.step_time
     places: dict[str, int] = {}
     for pair in what.pairs:
@@ -172,7 +272,7 @@ def format_what_if(what: WhatIf) -> str:
                 f"{_ratio(base, r.step_time)})"
             )
         table.append(row)
-    lines.extend(_aligned(table))
+    lines.extend(aligned(table, indent="  "))
     busy = [header]
     for k in what.streams:
         row = [str(k)]
@@ -181,7 +281,14 @@ def format_what_if(what: WhatIf) -> str:
             row.append(" ".join(f"{lanes.get(s, 0.0) * 1e3:.3f}" for s in range(k)))
         busy.append(row)
     lines.append("busy time of collective streams 0..K-1 (ms):")
-    lines.extend(_aligned(busy))
+    lines.extend(aligned(busy, indent="  "))
+    if xla is not None:
+        lines.append(
+            f"XLA's own multi-streaming (--{MULTI_STREAMING}: "
+            f"{MULTI_STREAMING_COMMUNICATION_STREAMS} streams in turn, in post-order): "
+            f"{xla.step_time * 1e3:.4f} ms ({xla.exposed_communication * 1e3:.4f} ms, "
+            f"{_ratio(base, xla.step_time)})"
+        )
     for bound, how in what.bounds():
         lines.append(
             f"{bound.label}: {bound.step_time * 1e3:.4f} ms "
@@ -192,6 +299,16 @@ def format_what_if(what: WhatIf) -> str:
         f"compute only: {what.baseline.compute_time * 1e3:.4f} ms; serial (nothing overlapped): "
         f"{what.serial * 1e3:.4f} ms"
     )
+    if range_ is not None:
+        lines.append(
+            f"range of {what.baseline.label} (every modelled input at either end of its error "
+            f"bound): step {range_.low * 1e3:.4f} .. {range_.expected * 1e3:.4f} .. "
+            f"{range_.high * 1e3:.4f} ms (low .. expected .. high), exposed communication "
+            f"{range_.exposed_low * 1e3:.4f} .. {range_.exposed_expected * 1e3:.4f} .. "
+            f"{range_.exposed_high * 1e3:.4f} ms"
+        )
+    if measured is not None:
+        lines.append(_measured_line(what.baseline, measured))
     for policy in what.policies:
         a = what.assignments[(max(what.streams), policy)]
         if a.serialized_by_rule or a.serialized_by_bound:
@@ -205,16 +322,180 @@ def format_what_if(what: WhatIf) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _aligned(table: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-    return [
-        "  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
-        for cells in table
-    ]
+def _measured_line(base: SimResult, measured: MeasuredCosts) -> str:
+    names = len(measured.seconds)
+    used = names - len(measured.unused())
+    return (
+        f"profile {measured.path}: {base.profiled_time * 1e3:.4f} ms of the step's work "
+        f"measured ({base.profiled_fraction:.1%}), {base.modeled_time * 1e3:.4f} ms modelled; "
+        f"{used} of its {names} instruction names are in this module"
+        + (f", {measured.skipped} entries of other modules skipped" if measured.skipped else "")
+    )
 
 
 def _ratio(base: float, value: float) -> str:
     return f"{base / value:.2f}x" if value > 0 else "-"
+
+
+# -- JSON --------------------------------------------------------------------------------
+
+
+def simulation_json(
+    what: WhatIf,
+    *,
+    xla: SimResult | None = None,
+    range_: PredictionRange | None = None,
+    measured: MeasuredCosts | None = None,
+) -> dict[str, Any]:
+    """The prediction as a JSON-ready object (schema :data:`SCHEMA`); times in ms.
+
+    ``step_ms``, ``compute_only_ms`` and ``exposed_communication_ms`` are the baseline's
+    (the smallest K under the first policy: one stream, what XLA does); ``results``
+    has every (K, policy); ``bounds`` the rule and lower bounds; ``xla_multi_streaming``,
+    ``range`` and ``profile`` are null when not predicted. Fields may be added to v1,
+    never renamed or removed.
+    """
+    base = what.baseline
+    target = what.target
+    table: str | None = None
+    if target.perf_table_key is not None:
+        table = target.perf_table.path if target.perf_table is not None else None
+        table = table or default_perf_table().path
+    places: dict[str, int] = {}
+    for pair in what.pairs:
+        places[pair.lane] = places.get(pair.lane, 0) + 1
+    results = []
+    for policy in what.policies:
+        for k in what.streams:
+            r = what.results[(k, policy)]
+            results.append(
+                {
+                    "streams": k,
+                    "policy": policy,
+                    **_times(r, base),
+                    "stream_busy_ms": [r.lane_busy.get(s, 0.0) * 1e3 for s in range(k)],
+                }
+            )
+    profile: dict[str, Any] | None = None
+    if measured is not None:
+        profile = {
+            "path": measured.path,
+            "measured_ms": base.profiled_time * 1e3,
+            "modeled_ms": base.modeled_time * 1e3,
+            "measured_fraction": base.profiled_fraction,
+            "names": len(measured.seconds),
+            "names_in_module": len(measured.seconds) - len(measured.unused()),
+            "skipped": measured.skipped,
+        }
+    span: dict[str, Any] | None = None
+    if range_ is not None:
+        span = {"streams": base.streams, "policy": base.policy, **range_.to_json()}
+    return {
+        "schema": SCHEMA,
+        "module": what.module,
+        "target": {
+            "name": target.name,
+            "gpu": target.gpu,
+            "devices_per_host": target.devices_per_host,
+            "perf_table_key": target.perf_table_key,
+            "perf_table": table,
+        },
+        "async_pairs": len(what.pairs),
+        "runs_on": places,
+        "baseline": {"streams": base.streams, "policy": base.policy},
+        "step_ms": base.step_time * 1e3,
+        "compute_only_ms": base.compute_time * 1e3,
+        "exposed_communication_ms": base.exposed_communication * 1e3,
+        "serial_ms": what.serial * 1e3,
+        "results": results,
+        "bounds": {
+            "rule": {"label": what.rule_bound.label, **_times(what.rule_bound, base)},
+            "lower": {"label": what.lower_bound.label, **_times(what.lower_bound, base)},
+        },
+        "xla_multi_streaming": (
+            None
+            if xla is None
+            else {"streams": MULTI_STREAMING_COMMUNICATION_STREAMS, **_times(xla, base)}
+        ),
+        "range": span,
+        "profile": profile,
+        "notes": list(what.notes) + what.non_monotone(),
+    }
+
+
+def _times(r: SimResult, base: SimResult) -> dict[str, float | None]:
+    return {
+        "step_ms": r.step_time * 1e3,
+        "exposed_communication_ms": r.exposed_communication * 1e3,
+        "speedup": base.step_time / r.step_time if r.step_time > 0 else None,
+    }
+
+
+def to_json_text(obj: dict[str, Any]) -> str:
+    """``obj`` as the file ``--json`` writes: indented, ASCII, no NaN."""
+    return json.dumps(obj, indent=2, ensure_ascii=True, allow_nan=False) + "\n"
+
+
+def json_problems(obj: Any) -> list[str]:
+    """What keeps ``obj`` from being a valid ``xla_streams.simulate.v1`` prediction
+    (empty when it is one): the required fields, their types, and that the range is
+    ordered low <= expected <= high. Extra fields are allowed."""
+    problems: list[str] = []
+    number = (int, float)
+
+    def need(where: str, parent: Any, key: str, types: tuple[type, ...]) -> Any:
+        if not isinstance(parent, dict) or key not in parent:
+            problems.append(f"{where}: missing '{key}'")
+            return None
+        value = parent[key]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            problems.append(f"{where}.{key}: unexpected {json.dumps(value)[:40]}")
+            return None
+        return value
+
+    if not isinstance(obj, dict):
+        return ["prediction: expected an object"]
+    if obj.get("schema") != SCHEMA:
+        problems.append(f"prediction.schema: expected '{SCHEMA}', found {obj.get('schema')!r}")
+    need("prediction", obj, "module", (str,))
+    need("prediction", obj, "target", (dict,))
+    need("prediction", obj, "async_pairs", (int,))
+    for key in ("step_ms", "compute_only_ms", "exposed_communication_ms", "serial_ms"):
+        value = need("prediction", obj, key, number)
+        if value is not None and value < 0:
+            problems.append(f"prediction.{key}: negative")
+    for i, r in enumerate(need("prediction", obj, "results", (list,)) or []):
+        where = f"results[{i}]"
+        need(where, r, "streams", (int,))
+        need(where, r, "policy", (str,))
+        need(where, r, "step_ms", number)
+        need(where, r, "exposed_communication_ms", number)
+        need(where, r, "stream_busy_ms", (list,))
+    bounds = need("prediction", obj, "bounds", (dict,))
+    for name in ("rule", "lower"):
+        bound = need("bounds", bounds, name, (dict,)) if bounds is not None else None
+        if bound is not None:
+            need(f"bounds.{name}", bound, "step_ms", number)
+    for key in ("xla_multi_streaming", "range", "profile"):
+        if key not in obj:
+            problems.append(f"prediction: missing '{key}' (null when not predicted)")
+    span = obj.get("range")
+    if span is not None:
+        for key in ("step_ms", "exposed_communication_ms"):
+            ends = need("range", span, key, (dict,))
+            if ends is None:
+                continue
+            values = [
+                need(f"range.{key}", ends, end, number) for end in ("low", "expected", "high")
+            ]
+            if None not in values and not values[0] <= values[1] <= values[2]:
+                problems.append(f"range.{key}: expected low <= expected <= high, found {values}")
+    profile = obj.get("profile")
+    if profile is not None:
+        fraction = need("profile", profile, "measured_fraction", number)
+        if fraction is not None and not 0 <= fraction <= 1:
+            problems.append("profile.measured_fraction: outside 0..1")
+    return problems
 
 
 def progress_printer(err: TextIO) -> Progress:
@@ -233,7 +514,7 @@ def progress_printer(err: TextIO) -> Progress:
 def define_flags(fv: flags.FlagValues) -> None:
     """The flags of ``xla-streams simulate``."""
     flags.DEFINE_string(
-        "streams", ",".join(map(str, DEFAULT_STREAMS)),
+        "streams", ",".join(map(str, STREAM_COUNTS)),
         f"Numbers of collective streams K to predict, comma separated (each 1..{MAX_STREAMS}).",
         flag_values=fv,
     )  # fmt: skip
@@ -263,6 +544,22 @@ def define_flags(fv: flags.FlagValues) -> None:
         "tools/gpu_check.py writes it): measured/predicted ratios per kernel class for "
         "--target.", flag_values=fv,
     )  # fmt: skip
+    flags.DEFINE_string(
+        "perf-table", None, "XLA's collective performance table (the text or binary "
+        "DeviceHloInstructionProfiles that --xla_gpu_experimental_collective_perf_table_path "
+        "takes) to price collectives inside a host from, instead of the table vendored from "
+        "XLA.", flag_values=fv,
+    )  # fmt: skip
+    flags.DEFINE_string(
+        "profile", None, "A PGLE profile of this program (ProfiledInstructionsProto, text "
+        "or binary, from jax.experimental.profiler.get_profiled_instructions_proto or "
+        "JAX_ENABLE_PGLE): the instructions it names take their measured time, and the "
+        "output says how much of the step was measured.", flag_values=fv,
+    )  # fmt: skip
+    flags.DEFINE_string(
+        "json", None, f"Also write the prediction as JSON (schema {SCHEMA}) to this file "
+        "('-': standard output).", flag_values=fv,
+    )  # fmt: skip
     define_stream_model_flags(fv)
     flags.DEFINE_bool(
         "progress", None, "Report progress on standard error (default: for inputs over "
@@ -273,8 +570,9 @@ def define_flags(fv: flags.FlagValues) -> None:
 def run_cli(args: CliArgs) -> int:
     """``xla-streams simulate``, on the CLI's parsed ``args``.
 
-    Bad flag values raise absl's ``IllegalFlagValueError``, which the CLI reports
-    as a usage error (exit 2) however ``cli`` was imported (``python -m`` too).
+    Bad flag values (a performance table or a profile that cannot be read among
+    them, named ``file:line``) raise absl's ``IllegalFlagValueError``, which the CLI
+    reports as a usage error (exit 2) however ``cli`` was imported (``python -m`` too).
     """
     try:
         ks = parse_streams(args.flag("streams"))
@@ -284,6 +582,16 @@ def run_cli(args: CliArgs) -> int:
         )
     except (FlagListError, TargetError, CalibrationError) as e:
         raise flags.IllegalFlagValueError(str(e)) from None
+    table_path, profile_path = args.flag("perf-table"), args.flag("profile")
+    try:
+        if table_path:
+            target = use_perf_table(target, table_path)
+    except (PerfTableError, TargetError) as e:
+        raise flags.IllegalFlagValueError(f"--perf-table: {e}") from None
+    try:
+        profile = read_profile(profile_path) if profile_path else None
+    except ProfileError as e:
+        raise flags.IllegalFlagValueError(f"--profile: {e}") from None
     model = stream_model(args.flag)
     path, text = args.input()
     show = args.flag("progress")
@@ -295,13 +603,16 @@ def run_cli(args: CliArgs) -> int:
     if say:
         say(f"parsing {path}")
     module = parse_module(text, path)
-    trace, page = args.flag("trace"), args.flag("html")
+    trace, page, report = args.flag("trace"), args.flag("html"), args.flag("json")
     result = simulate_module(
-        module, target, ks, ps, model=model, pictures_for=_trace_href(trace, page), progress=say
-    )
+        module, target, ks, ps, model=model, pictures_for=_trace_href(trace, page), progress=say,
+        profile=profile,
+    )  # fmt: skip
     args.output(trace, result.trace or "")
     args.output(page, result.html or "")
-    if args.uses_stdout("trace", "html"):
+    if report:
+        args.output(report, to_json_text(result.to_json()))
+    if args.uses_stdout("trace", "html", "json"):
         args.messages.append(result.table)
     else:
         args.output(STDOUT, result.table)
@@ -320,13 +631,16 @@ def _trace_href(trace: str | None, html: str | None) -> str | None:
 def simulate_command(
     path: str,
     *,
-    streams: str | Sequence[int] = DEFAULT_STREAMS,
+    streams: str | Sequence[int] = STREAM_COUNTS,
     policies: str | Sequence[str] = POLICIES,
     trace: str | None = None,
     html: str | None = None,
+    json_path: str | None = None,
     target: str = "h100",
     target_file: str | None = None,
     calibration: str | None = None,
+    perf_table: str | None = None,
+    profile: str | None = None,
     model: StreamModel | None = None,
     progress: bool | None = None,
     out: TextIO | None = None,
@@ -338,7 +652,8 @@ def simulate_command(
     try:
         ks = parse_streams(streams)
         ps = parse_policies(policies)
-        chosen = resolve_target(target, target_file, calibration)
+        chosen = resolve_target(target, target_file, calibration, perf_table)
+        loaded = read_profile(profile) if profile else None
         text = Path(path).read_text(encoding="utf-8")
         show = progress if progress is not None else len(text) >= PROGRESS_BYTES
         say = progress_printer(err) if show else None
@@ -347,12 +662,20 @@ def simulate_command(
         module = parse_module(text, path)
         result = simulate_module(
             module, chosen, ks, ps, model=model, pictures_for=_trace_href(trace, html),
-            progress=say,
+            progress=say, profile=loaded,
         )  # fmt: skip
+        report = to_json_text(result.to_json()) if json_path else None
         atomic_write_many(
-            [(d, c) for d, c in ((trace, result.trace), (html, result.html)) if d and c is not None]
+            [
+                (d, c)
+                for d, c in ((trace, result.trace), (html, result.html), (json_path, report))
+                if d and c is not None
+            ]
         )
-    except (OSError, HloError, TargetError, CalibrationError, FlagListError) as e:
+    except (
+        OSError, HloError, TargetError, CalibrationError, FlagListError, PerfTableError,
+        ProfileError,
+    ) as e:  # fmt: skip
         print(f"xla-streams simulate: {e}", file=err)
         return 2
     out.write(result.table)

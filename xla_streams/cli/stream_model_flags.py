@@ -8,15 +8,16 @@ from typing import Any
 from absl import flags
 
 from xla_streams.collectives import StreamModel
+from xla_streams.xla_options import OVERLAP_LIMIT
 
 
 def define_stream_model_flags(fv: flags.FlagValues) -> None:
     """--overlap-limit and --sync-on-compute: how the module was compiled (StreamModel)."""
     flags.DEFINE_integer(
         "overlap-limit", None,
-        "The xla_gpu_experimental_parallel_collective_overlap_limit the module was compiled "
-        "with. It decides where XLA 0.10's sync collectives run: 1, the compute stream; "
-        "above 1 (and by default, the safe assumption), communication stream 0.",
+        f"The {OVERLAP_LIMIT} the module was compiled with. It decides where XLA 0.10's "
+        "sync collectives run: 1, the compute stream; above 1 (and by default, the safe "
+        "assumption), communication stream 0.",
         lower_bound=1, flag_values=fv,
     )  # fmt: skip
     flags.DEFINE_bool(

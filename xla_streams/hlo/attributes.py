@@ -1,5 +1,6 @@
 """Decoders for attribute values: replica groups in every printed form, source-target
-pairs, frontend attributes, backend_config JSON, integer lists.
+pairs, frontend attributes, backend_config JSON, integer lists, the computations an
+instruction calls (and which of them run as control flow).
 
 Each ``parse_*`` takes the raw value text and raises ScanError with an offset into
 it; ``decode`` turns that into an HloError located in the instruction's line.
@@ -12,10 +13,7 @@ anything is built from it, and every scan is linear in the value's length.
 from __future__ import annotations
 
 import itertools
-import json
 import re
-from collections.abc import Callable, Iterable
-from typing import Any
 
 from xla_streams.hlo.errors import HloError
 from xla_streams.hlo.module import MAX_DEVICES, Instruction
@@ -28,6 +26,11 @@ from xla_streams.hlo.text import (
     parse_int,
     split_top_level,
 )
+
+TYPE_CHECKING = False  # not typing's, nor json at import: the command line's start-up counts
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from typing import Any
 
 Groups = tuple[tuple[int, ...], ...]
 
@@ -43,6 +46,17 @@ _MESH_AXIS = re.compile(r"'([^']+)'\s*=\s*(\d+)")
 _AXIS_REF = re.compile(r"'([^']+)'(?:\s*:\s*\(\s*(\d+)\s*\)\s*(\d+))?")
 _FRONTEND_ITEM = re.compile(r'([A-Za-z_][\w.\-]*)=(?:"((?:[^"\\]|\\.)*)"|(\{.*\}))')
 _MESH_FORM = "expected \"mesh['axis'=size,...] {'axis',...}\""
+_COMPUTATION = re.compile(r"%?([^\s(){}%,]+)")  # as a computation's header names it
+
+# Control-flow instructions and the attributes naming the computations they run as
+# part of themselves, in the order they run them (a while's condition before its
+# body; one branch of a conditional). Fusions, reducers and async wrappers are not
+# control flow.
+CONTROL_FLOW_CALLEES: dict[str, tuple[str, ...]] = {
+    "while": ("condition", "body"),
+    "conditional": ("branch_computations", "true_computation", "false_computation"),
+    "call": ("to_apply",),
+}
 
 
 def decode[T](inst: Instruction, key: str, parser: Callable[[str], T]) -> T | None:
@@ -62,6 +76,35 @@ def parse_int_list(value: str) -> tuple[int, ...]:
     if m is None:
         raise ScanError(0, f"expected a list of integers like '{{1,0}}', found '{excerpt(value)}'")
     return tuple(parse_int(n.group(), n.start()) for n in _INT.finditer(value, 0, m.end(1)))
+
+
+def parse_computation_names(value: str) -> tuple[str, ...]:
+    """The computations an attribute names, without ``%``: one (``calls=%c``,
+    ``to_apply=``, ``body=``...) or a braced list (``branch_computations={%a, %b}``,
+    ``called_computations=``); at least one."""
+    start = len(value) - len(value.lstrip(WHITESPACE))
+    end = len(value.rstrip(WHITESPACE))
+    braced = value.startswith("{", start) and value.endswith("}", start, end) and end > start + 1
+    spans = split_top_level(value, start + 1, end - 1) if braced else [(start, end)]
+    names = []
+    for a, b in spans:
+        m = _COMPUTATION.fullmatch(value, a, b)
+        if m is None:
+            raise ScanError(a, f"expected a computation name, found '{excerpt(value[a:b])}'")
+        names.append(m.group(1))
+    if not names:
+        raise ScanError(0, "expected at least one computation name")
+    return tuple(names)
+
+
+def control_flow_callees(inst: Instruction) -> list[tuple[str, str]]:
+    """(attribute, computation) for each computation ``inst`` runs as control flow
+    (:data:`CONTROL_FLOW_CALLEES`), in the order it runs them."""
+    return [
+        (key, name)
+        for key in CONTROL_FLOW_CALLEES.get(inst.opcode, ())
+        for name in decode(inst, key, parse_computation_names) or ()
+    ]
 
 
 def parse_replica_groups(value: str) -> Groups:
@@ -155,6 +198,8 @@ def parse_backend_config(value: str) -> dict[str, Any]:
 
 
 def _json(text: str, what: str) -> Any:
+    import json
+
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

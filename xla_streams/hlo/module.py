@@ -1,8 +1,11 @@
 """The IR: a module of computations of instructions, read from and printed to HLO text.
 
 Reading is lazy. ``parse_module`` checks every line's structure (instruction
-head, shape, brackets, duplicate names, one ROOT) but decodes an instruction's
-operands and attributes only when a pass asks. Untouched lines print back byte
+head, shape, brackets, duplicate names, one ROOT, names as XLA's lexer reads them,
+no NUL byte) and XLA's define-before-use rule (every operand and control
+predecessor names an earlier instruction of its computation, every called
+computation an earlier computation: no cycle, no recursion), but decodes an
+instruction's attributes only when a pass asks. Untouched lines print back byte
 for byte from the source (CRLF line ends, tabs, comment and blank lines
 included); an edited instruction prints in XLA's canonical form.
 
@@ -14,7 +17,6 @@ anything is expanded from them.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 from xla_streams.hlo.errors import HloError
 from xla_streams.hlo.shape import Shape, parse_shape
@@ -28,6 +30,11 @@ from xla_streams.hlo.text import (
     split_top_level,
 )
 
+TYPE_CHECKING = False  # not typing's: the front end imports nothing it need not
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import NoReturn
+
 # The most devices one module may address: replica_count x num_partitions, and
 # the size of any iota or mesh device list. Passes expand these counts into
 # device lists, so without a bound a 40-byte header (`replica_count=99999999999`)
@@ -35,23 +42,46 @@ from xla_streams.hlo.text import (
 # (the largest jobs run tens of thousands of GPUs); raise it here if one needs more.
 MAX_DEVICES = 65536
 
+# A name as XLA's lexer reads one (hlo_lexer.cc): a letter or `_`, then letters,
+# digits, `_`, `.` and `-`. So no `/` (a `// x = ...` comment is no instruction), no
+# `#` (`%t#1` refers to tuple element 1 of `%t`), no NUL and nothing non-ASCII.
+NAME = r"[A-Za-z_][A-Za-z0-9_.\-]*"
 # `[indent][ROOT ]%name = shape opcode(`. A tuple shape never contains `) word(`,
-# so the lazy `\(.*?\)` stops at the shape's own closing parenthesis. Names hold
-# no `/` (so a `// x = ...` comment is no instruction) and no `#` (`%t#1` refers
-# to tuple element 1 of `%t`). Anchored and unambiguous: linear on any line.
+# so the lazy `\(.*?\)` stops at the shape's own closing parenthesis. Anchored and
+# unambiguous: linear on any line.
 _INSTRUCTION = re.compile(
-    r"[ \t]*(ROOT[ \t]+)?%?([^\s=%/#]+)[ \t]*=[ \t]*(\(.*?\)|\S+)[ \t]+([a-z][a-z0-9\-]*)\("
+    rf"[ \t]*(ROOT[ \t]+)?%?({NAME})[ \t]*=[ \t]*(\(.*?\)|\S+)[ \t]+([a-z][a-z0-9\-]*)\("
 )
 # `[ENTRY ]%name`, then optionally `(params) -> shape`, then `{` (checked by
 # _computation_header: one regex for the whole line backtracks quadratically
 # on a line of repeated `) -> `).
-_COMPUTATION_NAME = re.compile(r"(ENTRY[ \t]+)?%?([^\s(){}%]+)[ \t]*")
+_COMPUTATION_NAME = re.compile(rf"(ENTRY[ \t]+)?%?({NAME})[ \t]*")
 _SECTION_HEADERS = frozenset({"FileNames", "FunctionNames", "FileLocations", "StackFrames"})
 # Attributes XLA prints after `frontend_attributes` (jaxlib 0.10.2's canonical order).
 _AFTER_FRONTEND_ATTRIBUTES = (
     "control-predecessors", "statistics", "result_accuracy", "origin", "metadata", "backend_config",
 )  # fmt: skip
 _NO_OPERANDS = frozenset({"parameter", "constant", "iota", "rng-bit-generator-state"})
+# HLO text defines every instruction before its users and every computation before
+# the instructions that call it (XLA's parser: "instruction does not exist", "computation
+# does not exist"); parse_module checks both, which rules out every data or control
+# cycle and every recursion. Names in an operand list without nested brackets are read
+# with one regex (the identifier runs: `%`, spaces and `#index` suffixes fall between).
+_OPERAND_NAME = re.compile(rf"({NAME})(?:#[0-9]+)*")
+# An attribute that names computations (all but control-predecessors) or instructions,
+# and its value when a plain name or a braced list of them (else group 2 and 3 are None).
+_REFERENCE = re.compile(
+    r",[ \t]*(to_apply|calls|body|condition|branch_computations|true_computation|"
+    r"false_computation|called_computations|select|scatter|control-predecessors)=[ \t]*"
+    rf"(?:%?({NAME})[ \t\r]*(?=,|$)|\{{([^{{}}\"/]*)\}}|)"
+)
+_COMPUTATION_KEYS = frozenset(
+    ("to_apply", "calls", "body", "condition", "branch_computations", "true_computation",
+     "false_computation", "called_computations", "select", "scatter")
+)  # fmt: skip
+# What bytes.translate deletes to leave of a text only its line ends and the characters
+# whose balance parse_module checks on every instruction line.
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b'(){}[]"\n')
 
 # One operand: (instruction name, tuple index path, offset of the name in the line).
 _OperandRef = tuple[str, tuple[int, ...], int]
@@ -560,6 +590,7 @@ class Module:
 
 def parse_module(text: str, path: str = "<string>") -> Module:
     """Parse HLO module text; raises HloError naming path, line and column."""
+    _check_no_nul(text, path)
     # Split on "\n" only: a CRLF line keeps its "\r", read as trailing whitespace
     # and printed back as it was.
     lines = text.split("\n")
@@ -587,17 +618,32 @@ def parse_module(text: str, path: str = "<string>") -> Module:
     module.header_attributes  # noqa: B018 - validate the header eagerly
     names: dict[str, int] = {}
     computation_names: set[str] = set()
+    closed: set[str] = set()  # computations defined so far: the ones an instruction may call
+    forward: list[_ForwardControl] = []  # control predecessors printed after their user
+    defined: set[str] = set()  # instructions of the current computation defined so far
     comp: Computation | None = None
     root_line = 0  # of the current computation's ROOT instruction
     pending: list[str] = []  # comment and blank lines inside the current computation
     in_section = False
+    # The brackets and quotes of every line, in one pass over the text in C: a line's
+    # balance is counted once per distinct sequence of them (a module has a few dozen),
+    # not with seven str.count calls per line. UTF-8 keeps the lines ("\n" is no part
+    # of any other character's bytes); surrogatepass, since a str may hold lone ones.
+    skeletons = text.encode("utf-8", "surrogatepass").translate(None, _NOT_BRACKETS).split(b"\n")
+    balanced: dict[bytes, bool] = {}
     for index in range(first + 1, len(lines)):
         line = lines[index]
         line_no = index + 1
         if comp is not None:
             m = _INSTRUCTION.match(line)
             if m is not None:
-                inst = _add_instruction(module, comp, line, line_no, names, m)
+                skeleton = skeletons[index]
+                ok = balanced.get(skeleton)
+                if ok is None:
+                    ok = balanced[skeleton] = _is_balanced(skeleton)
+                inst = _add_instruction(module, comp, line, line_no, names, m, ok)
+                _check_references(inst, m.end(), defined, closed, forward)
+                defined.add(inst.name)
                 if inst.is_root:
                     if root_line:
                         raise _line_error(
@@ -615,7 +661,12 @@ def parse_module(text: str, path: str = "<string>") -> Module:
                 if not comp.instructions:
                     raise _line_error(module, line_no, 0, f"computation '{comp.name}' is empty")
                 comp.footer = "\n".join([*pending, line])
+                if forward:
+                    _check_forward_control(comp, forward)
+                    forward = []
+                closed.add(comp.name)
                 comp, root_line, pending = None, 0, []
+                defined = set()
             elif not stripped or stripped.startswith("//"):
                 pending.append(line)  # XLA's lexer skips these; printed back in place
             elif line[0] in " \t":
@@ -703,6 +754,7 @@ def _add_instruction(
     line_no: int,
     names: dict[str, int],
     m: re.Match[str],
+    balanced: bool,
 ) -> Instruction:
     name = m.group(2)
     if name in names:
@@ -716,14 +768,9 @@ def _add_instruction(
         parse_shape(shape_text)  # cached: a module repeats few distinct shapes
     except ScanError as e:
         raise _line_error(module, line_no, m.start(3) + e.offset, e.message) from None
-    # Cheap balance check of the whole line; the exact scan runs only when it fails
-    # (brackets inside quoted strings can make the counts differ legitimately).
-    if (
-        line.count("(") != line.count(")")
-        or line.count("{") != line.count("}")
-        or line.count("[") != line.count("]")
-        or line.count('"') & 1
-    ):
+    # Cheap balance check of the whole line (_is_balanced); the exact scan runs only
+    # when it fails (brackets inside quoted strings can make the counts differ).
+    if not balanced:
         try:
             split_top_level(line, m.end() - 1)  # from the operand list's own "("
         except ScanError as e:
@@ -733,6 +780,180 @@ def _add_instruction(
     )
     comp._add(inst)
     return inst
+
+
+# (the instruction, the control predecessors it names, where they are written)
+_ForwardControl = tuple["Instruction", list[str], int, int]
+
+
+def _check_references(
+    inst: Instruction,
+    operands_start: int,
+    defined: set[str],
+    closed: set[str],
+    forward: list[_ForwardControl],
+) -> None:
+    """Every operand of ``inst`` is an instruction defined before it in its computation,
+    and every computation it names one defined before its own: HLO text's
+    define-before-use rule, as XLA's parser enforces it. A control predecessor may
+    come later (XLA prints double-buffered loops so, though its own parser refuses
+    them): it goes to ``forward``, checked when the computation closes."""
+    line = inst.source
+    end = line.find(")", operands_start)
+    if end < 0 or line.find("(", operands_start, end) >= 0:
+        end = inst._operands_span_end()  # a tuple shape or a literal nests
+        if inst.opcode not in _NO_OPERANDS and not defined.issuperset(inst.operand_names):
+            _undefined(inst, "operand", inst.operand_names, defined, operands_start, end)
+    elif (
+        inst.opcode not in _NO_OPERANDS
+        and not defined.issuperset(_OPERAND_NAME.findall(line, operands_start, end))
+        # The identifier runs include a shape's element type or a comment's words:
+        # only the exact reader can say which operand is undefined, if any.
+        and not defined.issuperset(inst.operand_names)
+    ):
+        _undefined(inst, "operand", inst.operand_names, defined, operands_start, end)
+    hit = _REFERENCE.search(line, end)
+    while hit is not None:
+        key, name, listed = hit.group(1, 2, 3)
+        if line.find('"', end, hit.start()) >= 0 or (name is None and listed is None):
+            # After a string (which may hold ", to_apply=") or not a plain name or list:
+            # the exact attribute reader decides.
+            _check_attribute_references(inst, defined, closed, forward)
+            return
+        names = [name] if name is not None else _OPERAND_NAME.findall(listed)
+        if key == "control-predecessors":
+            if not defined.issuperset(names):
+                forward.append((inst, names, hit.end(1), hit.end()))
+        elif not closed.issuperset(names):
+            _undefined_computation(inst, key, names, closed, hit.end(1), hit.end())
+        hit = _REFERENCE.search(line, hit.end())
+
+
+def _check_attribute_references(
+    inst: Instruction, defined: set[str], closed: set[str], forward: list[_ForwardControl]
+) -> None:
+    """_check_references' attribute half, with the attributes read exactly."""
+    from xla_streams.hlo.attributes import decode, parse_computation_names
+
+    line = inst.source
+    for key, value in inst.attributes.items():
+        if key == "control-predecessors":
+            names = _OPERAND_NAME.findall(value.strip(WHITESPACE).removeprefix("{"))
+            if not defined.issuperset(names):
+                at = line.find(f"{key}=", inst._operands_span_end()) + len(key) + 1
+                forward.append((inst, names, at, at + len(value)))
+        elif key in _COMPUTATION_KEYS:
+            names = list(decode(inst, key, parse_computation_names) or ())
+            if not closed.issuperset(names):
+                at = line.find(f"{key}=", inst._operands_span_end()) + len(key) + 1
+                _undefined_computation(inst, key, names, closed, at, at + len(value))
+
+
+def _check_forward_control(comp: Computation, forward: list[_ForwardControl]) -> None:
+    """No cycle runs through the control predecessors printed after their user and the
+    operands (every other edge is defined before use)."""
+    names = set(comp._by_name)
+    for inst, predecessors, start, end in forward:
+        if inst.name in predecessors:
+            _undefined(inst, "control predecessor", predecessors, names - {inst.name}, start, end)
+    # A name the computation does not print is a tuple element that jax >= 0.11 prints
+    # as `%x#N` (its get-tuple-element line is gone): an edge XLA has, not an error.
+    forward = [(i, [n for n in p if n in names], s, e) for i, p, s, e in forward]
+    later = {inst.name: predecessors for inst, predecessors, _, _ in forward}
+    position = {inst.name: i for i, inst in enumerate(comp.instructions)}
+    # Every other edge runs from an earlier instruction to a later one, so a cycle must
+    # take a forward edge: from each one's predecessor, search the earlier-defined
+    # edges backwards for its user.
+    for inst, predecessors, start, _ in forward:
+        target, seen = position[inst.name], set()
+        todo = [p for p in predecessors if position[p] > target]
+        while todo:
+            name = todo.pop()
+            if name == inst.name:
+                raise inst._error(
+                    _name_at(inst.source, predecessors[0], start, len(inst.source)),
+                    f"control predecessors of '%{inst.name}' close a cycle through it in "
+                    f"computation '{comp.name}' (XLA: cycle)",
+                )
+            if name in seen or position[name] < target:
+                continue
+            seen.add(name)
+            node = comp._by_name[name]
+            todo.extend(node.operand_names)
+            todo.extend(later.get(name, ()))
+            control = node.attribute("control-predecessors")
+            if control is not None:
+                todo.extend(_OPERAND_NAME.findall(control))
+
+
+def _undefined(
+    inst: Instruction, what: str, names: list[str], defined: set[str], start: int, end: int
+) -> NoReturn:
+    name = next(n for n in names if n not in defined)
+    at = _name_at(inst.source, name, start, end)
+    comp = inst.computation.name
+    if name == inst.name:
+        reason = f"'%{name}' uses itself"
+    else:
+        reason = f"'%{name}' is not defined before '%{inst.name}' in computation '{comp}'"
+    raise inst._error(
+        at,
+        f"{what} {reason}: HLO text defines every instruction before its users (XLA: "
+        f"instruction does not exist: {name})",
+    )
+
+
+def _undefined_computation(
+    inst: Instruction, key: str, names: list[str], closed: set[str], start: int, end: int
+) -> NoReturn:
+    name = next(n for n in names if n not in closed)
+    at = _name_at(inst.source, name, start, end)
+    comp = inst.computation.name
+    if name == comp:
+        reason = f"computation '{comp}' calls itself ({key}=%{name})"
+    else:
+        reason = f"{key}=%{name} names no computation defined before '{comp}'"
+    raise inst._error(
+        at,
+        f"{reason}: HLO text defines every computation before the instructions that call "
+        f"it, so none can recurse (XLA: computation does not exist: {name})",
+    )
+
+
+def _name_at(line: str, name: str, start: int, end: int) -> int:
+    """Where ``name`` is written (as a whole name, its `%` included) in ``line[start:end]``."""
+    for m in _OPERAND_NAME.finditer(line, start, end):
+        if m.group(1) == name:
+            return m.start() - (line[m.start() - 1] == "%")
+    return start
+
+
+def _check_no_nul(text: str, path: str) -> None:
+    """XLA's lexer rejects a NUL byte (XLA itself prints none: strings are C-escaped)."""
+    at = text.find("\0")
+    if at < 0:
+        return
+    line_start = text.rfind("\n", 0, at) + 1
+    line_end = text.find("\n", at, at + 100)
+    # The line up to a little past the NUL (a file of zeros is one huge line).
+    source = text[line_start : line_end if line_end >= 0 else at + 100]
+    raise HloError(
+        "NUL byte (\\0) in the text: HLO text never holds one (XLA's lexer rejects it)",
+        path=path,
+        line=text.count("\n", 0, at) + 1,
+        column=at - line_start + 1,
+        source_line=source.rstrip("\r").replace("\0", "?") if at - line_start < 10_000 else "",
+    )
+
+
+def _is_balanced(brackets: bytes) -> bool:
+    """As many of each opening bracket as of its closing one, and quotes in pairs."""
+    return (
+        brackets.count(b"(") == brackets.count(b")")
+        and brackets.count(b"{") == brackets.count(b"}")
+        and brackets.count(b"[") == brackets.count(b"]")
+        and not brackets.count(b'"') & 1
+    )
 
 
 def _parse_header(module: Module) -> dict[str, str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import lru_cache
 
 from xla_streams.hlo.text import (
@@ -33,13 +32,60 @@ _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[((?:<=)?\d+(?:,(?:<=)?\d+)*)?\](\{[^{}]*
 MAX_TUPLE_DEPTH = 64
 
 
-@dataclass(frozen=True)
 class Shape:
-    """An array shape (``element_type`` set) or a tuple (``tuple_shapes`` set)."""
+    """An array shape (``element_type`` set) or a tuple (``tuple_shapes`` set).
+
+    Immutable and compared by value, as a frozen dataclass would be; written out so
+    that the front end does not import ``dataclasses`` (which imports ``inspect``):
+    the command line's start-up counts.
+    """
+
+    __slots__ = ("dimensions", "element_type", "tuple_shapes")
+    __match_args__ = ("element_type", "dimensions", "tuple_shapes")
 
     element_type: str | None
-    dimensions: tuple[int, ...] = ()
-    tuple_shapes: tuple[Shape, ...] = ()
+    dimensions: tuple[int, ...]
+    tuple_shapes: tuple[Shape, ...]
+
+    def __init__(
+        self,
+        element_type: str | None,
+        dimensions: tuple[int, ...] = (),
+        tuple_shapes: tuple[Shape, ...] = (),
+    ) -> None:
+        object.__setattr__(self, "element_type", element_type)
+        object.__setattr__(self, "dimensions", dimensions)
+        object.__setattr__(self, "tuple_shapes", tuple_shapes)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field '{name}'")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete field '{name}'")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, Shape)
+        return (self.element_type, self.dimensions, self.tuple_shapes) == (
+            other.element_type,
+            other.dimensions,
+            other.tuple_shapes,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.element_type, self.dimensions, self.tuple_shapes))
+
+    def __repr__(self) -> str:
+        return (
+            f"Shape(element_type={self.element_type!r}, dimensions={self.dimensions!r}, "
+            f"tuple_shapes={self.tuple_shapes!r})"
+        )
+
+    def __reduce__(
+        self,
+    ) -> tuple[type[Shape], tuple[str | None, tuple[int, ...], tuple[Shape, ...]]]:
+        return (Shape, (self.element_type, self.dimensions, self.tuple_shapes))
 
     @property
     def is_tuple(self) -> bool:

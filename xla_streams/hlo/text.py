@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import re
 
-# A whole double-quoted string (with escapes) is one token, so brackets inside
-# it are never counted; a lone quote is an unterminated string. A whole comment
-# is one token too; a lone "/*" is an unterminated one. Scans stop at the first
-# lone quote or "/*", so the failed look-ahead to the end happens once (linear).
-_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|"|/\*.*?\*/|/\*|[(){}\[\],]', re.DOTALL)
 _NESTING = re.compile(r'[(){}\[\]"]|/\*')
+# What the scans step over in one regex call: all but brackets, quotes and comments,
+# a whole double-quoted string (with escapes) included, so that brackets inside it are
+# never counted and the Python loop sees only brackets (a long JSON backend config holds
+# dozens of strings and commas for a few brackets). _SKIP_TOP also stops at commas.
+# Possessive throughout, so nothing backtracks: a quote whose string does not close
+# costs one pass, and the scan stops there (an unterminated string), as it does at a
+# "/*" (a comment, stepped over with one find(), or an unterminated one). Linear.
+_STRING = r'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
+_SKIP_NESTED = re.compile(rf'(?:[^"(){{}}\[\]/]++|{_STRING}|/(?!\*))*+', re.DOTALL)
+_SKIP_TOP = re.compile(rf'(?:[^"(){{}}\[\],/]++|{_STRING}|/(?!\*))*+', re.DOTALL)
 _CLOSER = {"(": ")", "{": "}", "[": "]"}
 _CLOSERS = frozenset(_CLOSER.values())
 # What XLA's lexer skips between tokens (a CRLF file leaves "\r" at line ends).
@@ -54,21 +59,26 @@ def split_top_level(s: str, start: int = 0, end: int | None = None) -> list[tupl
             spans.append(last)
         return spans
     stack: list[tuple[str, int]] = []
-    for m in _TOKENS.finditer(s, start, end):
-        c = m.group()  # most often one character; else a string or a comment
+    pos = start
+    while True:
+        m = (_SKIP_NESTED if stack else _SKIP_TOP).match(s, pos, end)
+        if m is None or (pos := m.end()) >= end:  # None only past the end
+            break
+        c = s[pos]  # a comma at depth 0, a bracket, or what starts an unclosed string/comment
         if c == ",":
-            if not stack:
-                spans.append(_trim(s, piece, m.start()))
-                piece = m.end()
+            spans.append(_trim(s, piece, pos))
+            piece = pos + 1
         elif c in _CLOSER:
-            stack.append((c, m.start()))
+            stack.append((c, pos))
         elif c in _CLOSERS:
             if not stack or _CLOSER[stack[-1][0]] != c:
                 expected = f"'{_CLOSER[stack[-1][0]]}'" if stack else "no closing bracket"
-                raise ScanError(m.start(), f"unbalanced '{c}': expected {expected}")
+                raise ScanError(pos, f"unbalanced '{c}': expected {expected}")
             stack.pop()
         else:
-            _check_closed(c, m.start())
+            pos = _past_comment(s, pos, end)
+            continue
+        pos += 1
     if stack:
         opener, at = stack[-1]
         raise ScanError(at, f"'{opener}' is never closed: expected '{_CLOSER[opener]}'")
@@ -83,16 +93,22 @@ def find_closing(s: str, open_index: int, end: int | None = None) -> int:
     if end is None:
         end = len(s)
     depth = 0
-    for m in _TOKENS.finditer(s, open_index, end):
-        c = m.group()
+    pos = open_index
+    while True:
+        m = _SKIP_NESTED.match(s, pos, end)
+        if m is None or (pos := m.end()) >= end:  # None only past the end
+            break
+        c = s[pos]
         if c in _CLOSER:
             depth += 1
         elif c in _CLOSERS:
             depth -= 1
             if depth == 0:
-                return m.start()
-        elif c != ",":
-            _check_closed(c, m.start())
+                return pos
+        else:
+            pos = _past_comment(s, pos, end)
+            continue
+        pos += 1
     raise ScanError(
         open_index, f"'{s[open_index]}' is never closed: expected '{_CLOSER[s[open_index]]}'"
     )
@@ -140,11 +156,15 @@ def excerpt(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _check_closed(token: str, offset: int) -> None:
-    if token == '"':
-        raise ScanError(offset, "unterminated string")
-    if token == "/*":
-        raise ScanError(offset, "unterminated comment: expected '*/'")
+def _past_comment(s: str, pos: int, end: int) -> int:
+    """Where the comment opening at ``s[pos]`` ends; ScanError if it does not, or if
+    ``s[pos]`` opens a string that does not close (what the _SKIP patterns stop at)."""
+    if s[pos] == '"':
+        raise ScanError(pos, "unterminated string")
+    close = s.find("*/", pos + 2, end)
+    if close < 0:
+        raise ScanError(pos, "unterminated comment: expected '*/'")
+    return close + 2
 
 
 def _trim(s: str, start: int, end: int) -> tuple[int, int]:

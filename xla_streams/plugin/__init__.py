@@ -28,6 +28,7 @@ when the plugin is off.
 from __future__ import annotations
 
 import os
+import shlex
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,13 +36,11 @@ from typing import Any
 
 from xla_streams import _log, jax_compat, xla_options
 from xla_streams._log import logger
-from xla_streams.collectives import StreamModel
+from xla_streams.collectives import DEFAULT_STREAMS, StreamModel
 from xla_streams.plugin import hook
 from xla_streams.plugin.settings import Config, ConfigError, ignored_env
 
 HOOK_NAME = "xla_streams"
-# XLA's default overlap limit: one async collective in flight.
-_XLA_DEFAULT_OVERLAP_LIMIT = 1
 
 
 class StartupError(SystemExit):
@@ -69,6 +68,8 @@ _fail_fast_installed = False
 _xla_flags_before: str | None = None  # XLA_FLAGS as it was before we added to it
 _xla_flags_added: tuple[str, ...] = ()
 _late_warning_given = False  # XLA_FLAGS read before we could add to it: said once
+_untuned_note_given = False  # the overlap limit raised without a tune result: said once
+_cache_key = ""  # the settings' part of JAX's persistent cache key (see _cache_key_of)
 
 
 def current() -> Config | None:
@@ -82,15 +83,27 @@ def current() -> Config | None:
 def initialize() -> None:
     """The ``jax_plugins`` entry point: read ``XLA_STREAMS_*`` and turn the plugin on.
 
-    Never raises (JAX would only log it): a bad setting is raised as
+    Never raises (JAX would only log it, and run the program without the plugin): a
+    bad setting, or anything else that goes wrong here, is raised as
     :class:`StartupError` when JAX creates its first backend, which is before
     anything is compiled.
     """
     try:
-        config = Config.from_env()
+        _initialize()
     except ConfigError as e:
         _fail_at_backend_start(e)
-        return
+    except Exception as e:  # a bug, RecursionError, MemoryError: never run on silently
+        _fail_at_backend_start(
+            ConfigError(
+                "",
+                f"cannot turn the plugin on from the XLA_STREAMS_* variables: "
+                f"{type(e).__name__}: {e}",
+            )
+        )
+
+
+def _initialize() -> None:
+    config = Config.from_env()
     if config is None:
         ignored = ignored_env()
         if ignored and _config is None:
@@ -108,10 +121,7 @@ def initialize() -> None:
                 config.describe(),
             )
         return
-    try:
-        _activate(config, "the environment")
-    except ConfigError as e:  # the report directory cannot be created
-        _fail_at_backend_start(e)
+    _activate(config, "the environment")  # ConfigError: say, no report directory
 
 
 def enable(
@@ -126,11 +136,12 @@ def enable(
     log: str | None = None,
     timeout_s: float | None = None,
     config: str | os.PathLike[str] | None = None,
+    perf_table: str | os.PathLike[str] | None = None,
 ) -> Config:
     """Turn the plugin on in this process; returns the settings now active.
 
-    ``collective_streams`` defaults to 4 (or to what ``pipeline`` or the tune
-    result ``config`` says). Call it before the first JAX computation so that
+    ``collective_streams`` defaults to ``DEFAULT_STREAMS`` (4), or to what ``pipeline``
+    or the tune result ``config`` says. Call it before the first JAX computation so that
     the XLA options it needs are read (see the module docstring); later calls
     still annotate every new compile but cannot change XLA's options any more,
     and say so. Raises ConfigError.
@@ -146,9 +157,10 @@ def enable(
         "log": log,
         "timeout_s": timeout_s,
         "config": config,
+        "perf_table": perf_table,
     }
     if collective_streams is None and pipeline is None and config is None:
-        values["collective_streams"] = 4
+        values["collective_streams"] = DEFAULT_STREAMS
     settings = Config.from_values(values, "kwarg")
     assert settings is not None
     return _activate(settings, "enable()")
@@ -169,12 +181,13 @@ def disable() -> None:
         registered = _registered_generation is not None
         _registered_generation = None
         _restore_xla_flags()
+    jax_compat.remove_cache_key_component(HOOK_NAME)
     if registered:
         jax_compat.clear_compile_hook(HOOK_NAME)
 
 
 @contextmanager
-def collective_streams(streams: int | None = 4, **options: Any) -> Iterator[Config]:
+def collective_streams(streams: int | None = DEFAULT_STREAMS, **options: Any) -> Iterator[Config]:
     """``with xla_streams.collective_streams(4): ...``: the plugin on inside the block.
 
     Takes the options of :func:`enable`; the previous state (off, or other
@@ -193,7 +206,7 @@ def collective_streams(streams: int | None = 4, **options: Any) -> Iterator[Conf
 
 
 def _activate(config: Config, source: str) -> Config:
-    global _config, _source, _startup_error
+    global _config, _source, _startup_error, _cache_key
     if config.report_dir is not None:
         try:
             os.makedirs(config.report_dir, exist_ok=True)
@@ -203,18 +216,118 @@ def _activate(config: Config, source: str) -> Config:
                 f"cannot create the report directory {config.report_dir}: {e.strerror}",
             ) from None
     _log.configure(config.log)
+    if config.mode == "ffi":
+        _load_ffi_runtime(config, source)
     with _lock:
+        inherited = _inherited_xla_flags()
         _config = config
         _source = source
         _startup_error = None
         added = _apply_xla_options(config)
+        _cache_key = _cache_key_of(config, _model)
     _ensure_registered()
+    # What this process compiles with these settings is not what it compiles with
+    # others (or off): each gets its own entries in JAX's persistent cache.
+    jax_compat.add_cache_key_component(HOOK_NAME, _cache_key_component)
+    _say_started(config, source, added, inherited)
+    return config
+
+
+def _load_ffi_runtime(config: Config, source: str) -> None:
+    """ffi mode: register the host runtime's custom-call targets (and its timeout) now,
+    not at the first compile, so that an executable JAX loads from its persistent
+    cache, which no compile hook sees, finds them. The CUDA runtime registers at the
+    first GPU compile (it reads the job's GPUs, which needs a started backend)."""
+    from xla_streams import runtime
+
+    try:
+        runtime.register("host")
+        runtime.set_timeout(config.timeout_s)
+    except Exception as e:  # BuildError (no C++ compiler), a bad XLA_STREAMS_TIMEOUT_S
+        mode = "XLA_STREAMS_MODE=ffi" if source == "the environment" else "mode ffi"
+        raise ConfigError("mode", f"{mode} cannot load its runtime: {e}") from None
+
+
+def _inherited_xla_flags() -> str:
+    """XLA_FLAGS as the program set it: without what the plugin added. ConfigError
+    naming XLA_FLAGS where it cannot be read (an unclosed quote)."""
+    current = os.environ.get("XLA_FLAGS", "")
+    try:
+        xla_options.options_in(current)  # reads it the way every later step does
+        return xla_options.without(current, _xla_flags_added).strip()
+    except ValueError as e:
+        raise ConfigError("XLA_FLAGS", f"XLA_FLAGS={current!r} cannot be read: {e}") from None
+
+
+def _say_started(config: Config, source: str, added: list[str], inherited: str) -> None:
+    """The start-up line: the settings, what went into XLA_FLAGS and what was there
+    (in full), then what to know about them."""
+    global _untuned_note_given
     message = f"on ({config.describe()}), from {source}"
     if added:
-        logger.info("%s; added to XLA_FLAGS: %s", message, " ".join(added))
-    else:
-        logger.info("%s", message)
-    return config
+        message += f"; added to XLA_FLAGS: {' '.join(added)}"
+    if inherited:
+        message += f"; inherited XLA_FLAGS={shlex.quote(inherited)}"
+    logger.info("%s", message)
+    raised = any(flag.startswith(f"--{xla_options.OVERLAP_LIMIT}=") for flag in added)
+    if (
+        raised
+        and config.config is None
+        and config.collective_streams > xla_options.XLA_DEFAULT_OVERLAP_LIMIT
+        and not _untuned_note_given
+    ):
+        _untuned_note_given = True
+        logger.info(
+            "the overlap limit is raised to %d (XLA's default: %d) with no prediction that "
+            "it pays for this program: more collectives in flight also take more memory. "
+            "To check it: `xla-streams tune train.py --devices=N --json=tune.json`, then "
+            "run with XLA_STREAMS_CONFIG=tune.json",
+            config.collective_streams,
+            xla_options.XLA_DEFAULT_OVERLAP_LIMIT,
+        )
+    dumps = [
+        f"--{name}={value}" if value != "true" else f"--{name}"
+        for name, value in xla_options.options_in(inherited).items()
+        if name.startswith("xla_dump_")
+    ]
+    if dumps:
+        logger.warning(
+            "the inherited XLA_FLAGS dump modules (%s): XLA writes files for every module "
+            "it compiles, which slows every compile and can fill the disk; drop them from "
+            "XLA_FLAGS unless you want the dumps",
+            " ".join(dumps),
+        )
+
+
+def _cache_key_of(config: Config, model: StreamModel) -> str:
+    """What decides the executable a compile with ``config`` gives (``model`` is the
+    overlap limit in effect), for the persistent cache's key. The same in every
+    process of a job: no report directory, no tune file path (its options are in),
+    and not what only decides what is logged or whether an error is raised (log,
+    strict, the timeout: the runtime's, not the executable's)."""
+    import xla_streams
+    from xla_streams.runtime.abi import ABI_VERSION
+
+    pipeline = ",".join(p.spec() for p in config.pipeline.build()) if config.pipeline else ""
+    options = ",".join(f"{name}={value!r}" for name, value in sorted(config.xla_options.items()))
+    parts = [
+        f"version={xla_streams.__version__}",
+        f"streams={config.collective_streams}",
+        f"policy={config.policy}",
+        f"mode={config.mode}",
+        f"pipeline={pipeline}",
+        f"xla_options={options}",
+        f"model={model!r}",
+    ]
+    if config.mode == "ffi":
+        parts.append(f"abi={ABI_VERSION}")
+    return ";".join(parts)
+
+
+def _cache_key_component() -> str:
+    """The plugin's part of JAX's persistent cache key: empty while it is off (then
+    keys are JAX's own)."""
+    return _cache_key if _config is not None else ""
 
 
 def _fail_at_backend_start(error: ConfigError) -> None:
@@ -232,7 +345,10 @@ def _fail_at_backend_start(error: ConfigError) -> None:
         if error is not None:
             raise StartupError(str(error))
 
-    jax_compat.check_before_backend_start(check)
+    try:
+        jax_compat.check_before_backend_start(check)
+    except Exception as e:  # JAX's internals moved: at least say it, loudly
+        logger.error("%s (the plugin is off; it could not stop the program: %s)", error, e)
 
 
 # -- XLA options ---------------------------------------------------------------------
@@ -250,23 +366,34 @@ def _apply_xla_options(config: Config) -> list[str]:
     # Ours from an earlier enable() are replaced, not kept as the user's.
     base = xla_options.without(current_flags, _xla_flags_added)
     new, added, users = xla_options.with_options(base, wanted)
+    # The user's collective performance table: XLA's own scheduler prices collectives
+    # from the same measurements as the reports. A path is not the one word
+    # with_options takes; the setting has checked that XLA_FLAGS can carry it.
+    table_option = "xla_gpu_experimental_collective_perf_table_path"
+    if config.perf_table is not None and table_option not in xla_options.options_in(base):
+        token = f"--{table_option}={config.perf_table}"
+        new = " ".join([new.strip(), token]).strip()
+        added = [*added, token]
     started = jax_compat.backends_started()
-    limit = users.get(xla_options.OVERLAP_LIMIT)
-    if limit is not None and limit.isdigit() and int(limit) < config.collective_streams:
-        logger.warning(
-            "XLA_FLAGS sets --%s=%s, below the %d collective streams: at most %s collectives "
-            "are in flight at once",
-            xla_options.OVERLAP_LIMIT,
-            limit,
-            config.collective_streams,
-            limit,
-        )
-    ours = wanted.get(xla_options.OVERLAP_LIMIT)
-    effective = limit if limit is not None else ours if not started else None
+    # The limit in effect: the user's own where they set one (unreadable: XLA's default),
+    # else ours while XLA has not read XLA_FLAGS yet, else XLA's default.
+    if xla_options.OVERLAP_LIMIT in users:
+        limit = xla_options.overlap_limit_in(base)
+        if limit is not None and limit < config.collective_streams:
+            logger.warning(
+                "XLA_FLAGS sets --%s=%d, below the %d collective streams: at most %d "
+                "collectives are in flight at once",
+                xla_options.OVERLAP_LIMIT,
+                limit,
+                config.collective_streams,
+                limit,
+            )
+    elif not started:
+        limit = xla_options.overlap_limit_of(wanted.get(xla_options.OVERLAP_LIMIT))
+    else:
+        limit = None
     _model = StreamModel(
-        overlap_limit=int(str(effective))
-        if str(effective).isdigit()
-        else _XLA_DEFAULT_OVERLAP_LIMIT,
+        overlap_limit=xla_options.XLA_DEFAULT_OVERLAP_LIMIT if limit is None else limit,
         sync_on_compute=True,
     )
     if started:

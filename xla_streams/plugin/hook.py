@@ -27,9 +27,10 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from xla_streams import jax_compat
 from xla_streams._log import logger
-from xla_streams.collectives import COLLECTIVE_OPCODES, StreamModel
-from xla_streams.hlo import parse_module
+from xla_streams.collectives import COLLECTIVE_OPCODES, KINDS, StreamModel, device_groups
+from xla_streams.hlo import Module, parse_module
 from xla_streams.passes.base import Compilation, ModulePass
 from xla_streams.pipeline import PassManager, Runtime, build_pipeline
 from xla_streams.plugin import xla_module
@@ -117,7 +118,15 @@ def transform(
             assignment = xla_module.device_assignment(serialized)
             devices = assignment.device_ids if assignment is not None else ()
             passes = pipeline_for(config, on_cpu=on_cpu, model=model, devices=devices)
-            compilation = run_pipeline(text, passes, name)
+            module = parse_module(text, f"<module {name}>")
+            if on_cpu and config.mode == "ffi":
+                crossing = _cross_process_collective(module, assignment)
+                if crossing is not None:
+                    _refuse_cross_process(name, crossing)
+                    with _lock:
+                        _stats.unchanged += 1
+                    return None
+            compilation = PassManager(passes).run(Compilation(module))
             out = back_to_xla(serialized, compilation)
             if on_cpu and config.mode == "native":
                 _say_once(
@@ -147,6 +156,52 @@ def transform(
         else:
             _stats.changed += 1
     return out
+
+
+def _cross_process_collective(
+    module: Module, assignment: xla_module.DeviceAssignment | None
+) -> str | None:
+    """Why ffi mode cannot run ``module`` on XLA:CPU (its host runtime meets a
+    collective's devices inside one process only), or None: the first collective whose
+    devices belong to more than one process of a ``jax.distributed`` job, or a module
+    without a device assignment in such a job."""
+    processes = jax_compat.device_processes("cpu")
+    if processes is None:
+        if jax_compat.distributed_client() is None:
+            return None
+        return "this job has several processes and JAX's CPU devices are not known yet"
+    if len(set(processes.values())) < 2:
+        return None  # one process: every group is local
+    ids = assignment.device_ids if assignment is not None else ()
+    if not ids:
+        return "the module has no device assignment in a job of several processes"
+    for op in module.instructions():
+        kind = op.opcode.removesuffix("-start")
+        if kind not in KINDS or op.opcode.endswith("-done"):
+            continue
+        for group in device_groups(module, op, kind):
+            owners = {processes.get(ids[d]) if d < len(ids) else None for d in group}
+            if len(owners) > 1:
+                ordered = sorted(owners, key=lambda p: (p is None, p or 0))
+                shown = ", ".join("?" if p is None else str(p) for p in ordered)
+                return f"{op.opcode} '{op.name}' has devices of processes {shown}"
+    return None
+
+
+def _refuse_cross_process(name: str, reason: str) -> None:
+    """Say once (then at debug level) that a module is left to XLA, and why."""
+    message = (
+        f"ffi mode on XLA:CPU runs a collective inside one process only, and in module "
+        f"{name} {reason}: its collectives are left to XLA (correct, but on no collective "
+        f"streams); native mode (XLA_STREAMS_MODE=native) works across processes"
+    )
+    with _lock:
+        first = "cross-process" not in _said
+        _said.add("cross-process")
+    if first:
+        logger.warning("%s", message)
+    else:
+        logger.debug("%s", message)
 
 
 def pipeline_for(
@@ -210,10 +265,8 @@ def write_module_reports(
     try:
         paths: tuple[str, ...] = write_reports(compilation, config.report_dir, fingerprint(text))
         if html:
-            from xla_streams.simulate.visual import write_visual_report
-
             stem = os.path.basename(paths[0]).removesuffix(".json")
-            paths += tuple(map(str, write_visual_report(compilation, config.report_dir, stem)))
+            paths += _write_visual_report(compilation, config, stem)
     except Exception as e:
         if config.strict:
             raise
@@ -223,3 +276,22 @@ def write_module_reports(
     with _lock:
         _stats.reports.append(paths[0])
     return paths
+
+
+def _write_visual_report(compilation: Compilation, config: Config, stem: str) -> tuple[str, ...]:
+    """The trace and timeline of a report, collectives priced from the user's performance
+    table (``XLA_STREAMS_PERF_TABLE``) when it has the GPU's measurements, else from the
+    table vendored from XLA (said once)."""
+    from xla_streams.simulate.measured import PerfTableError
+    from xla_streams.simulate.visual import write_visual_report
+
+    assert config.report_dir is not None
+    if config.perf_table is not None:
+        try:
+            written = write_visual_report(
+                compilation, config.report_dir, stem, perf_table=config.perf_table
+            )
+            return tuple(map(str, written))
+        except PerfTableError as e:
+            _say_once(f"the HTML reports price collectives from XLA's own table instead: {e}")
+    return tuple(map(str, write_visual_report(compilation, config.report_dir, stem)))

@@ -17,13 +17,24 @@ nor the passes until a pipeline spec or a tune file has to be read.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from xla_streams.collectives import DEFAULT_POLICY, MAX_STREAMS, POLICIES, Policy
+from xla_streams.collectives import (
+    DEFAULT_POLICY,
+    MAX_STREAMS,
+    POLICIES,
+    STREAMS_EXPECTED,
+    Policy,
+    check_streams,
+    streams_from_text,
+)
 from xla_streams.passes.base import PipelineError
 from xla_streams.pipeline import PipelineSpec
+from xla_streams.runtime.abi import DEFAULT_TIMEOUT_S, checked_timeout, read_timeout
+from xla_streams.tuning.result import TuneError, load_tune_result
 
 # native: XLA runs each annotated collective on its own communication_stream[k].
 # ffi: our custom calls run them (CUDA streams + NCCL, or host worker threads).
@@ -69,16 +80,20 @@ class Config:
     report_html: bool = False  # also a Perfetto trace and an HTML timeline per report
     strict: bool = False
     log: LogLevel = "info"
-    timeout_s: float = 300.0  # runtime.DEFAULT_TIMEOUT_S: the runtime is loaded only when used
+    timeout_s: float = DEFAULT_TIMEOUT_S
     # XLA options to set where the user has not (from a tune result), by DebugOptions name.
     xla_options: Mapping[str, object] = field(default_factory=dict)
     config: str | None = None  # the tune result they came from
+    # XLA's collective performance table (checked to parse): XLA's own scheduler and
+    # the reports' simulation price collectives from it.
+    perf_table: str | None = None
 
     def __post_init__(self) -> None:
         # Direct construction gets the same checks as the builders, named by keyword.
         for setting in SETTINGS:
             if setting.check is not None:
                 setting.check(getattr(self, setting.name), f"{setting.name}=")
+        _checked_xla_options(self.xla_options, "xla_options: ")
         if self.report_html and self.report_dir is None:
             raise ConfigError(
                 "report_html",
@@ -99,6 +114,8 @@ class Config:
             parts.append(f"pipeline '{self.pipeline.text}'")
         if self.report_dir is not None:
             parts.append(f"reports in {self.report_dir}")
+        if self.perf_table is not None:
+            parts.append(f"collective perf table {self.perf_table}")
         if self.strict:
             parts.append("strict")
         return ", ".join(parts)
@@ -141,7 +158,7 @@ class Config:
             for setting, value in values.items():
                 if value is None:
                     continue
-                parsed[setting] = BY_NAME[setting].parse(value, spelled(setting, source))
+                parsed[setting] = _parse(setting, value, spelled(setting, source))
                 origin[setting] = source
         if not {"collective_streams", "pipeline", "config"} & set(parsed):
             return None
@@ -165,19 +182,23 @@ def ignored_env(environ: Mapping[str, str] | None = None) -> list[str]:
 
 
 def _parse_streams(value: Any, name: str) -> int:
-    number = value
-    if isinstance(value, str) and value.strip().isdigit():
-        number = int(value.strip(), 10)
-    _check_streams(number, name)
-    return int(number)
+    try:
+        return streams_from_text(value) if isinstance(value, str) else check_streams(value)
+    except ValueError:
+        raise _bad_streams(value, name) from None
 
 
 def _check_streams(value: Any, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_STREAMS:
-        raise ConfigError(
-            "collective_streams",
-            f"{_shown(name, value)} is not valid: expected an integer from 1 to {MAX_STREAMS}",
-        )
+    try:
+        check_streams(value)
+    except ValueError:
+        raise _bad_streams(value, name) from None
+
+
+def _bad_streams(value: Any, name: str) -> ConfigError:
+    return ConfigError(
+        "collective_streams", f"{_shown(name, value)} is not valid: expected {STREAMS_EXPECTED}"
+    )
 
 
 def _choice(
@@ -220,35 +241,26 @@ def _check_bool(value: Any, name: str) -> None:
         )
 
 
+# A number of seconds as text: ASCII digits, a point, an exponent (float() would also
+# take other scripts' digits, "1_0", "inf").
+_SECONDS = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
 def _parse_timeout(value: Any, name: str) -> float:
-    number: Any = value
-    if isinstance(value, str):
-        try:
-            number = float(value.strip())
-        except ValueError:
-            number = None
+    number = value
+    if isinstance(value, str) and not _SECONDS.fullmatch(value.strip()):
+        number = "nan"  # fails the check below, with its message
     try:
-        _check_timeout(number, name)
-    except ConfigError:
-        _check_timeout(value, name)  # names the value as the user wrote it
-        raise
-    return float(number)
+        return read_timeout(number, _shown(name, value))
+    except ValueError as e:
+        raise ConfigError("timeout_s", str(e)) from None
 
 
 def _check_timeout(value: Any, name: str) -> None:
-    from xla_streams.runtime import MAX_TIMEOUT_S, MIN_TIMEOUT_S  # the runtime's own range
-
-    ok = (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and MIN_TIMEOUT_S <= value <= MAX_TIMEOUT_S  # also rejects nan
-    )
-    if not ok:
-        raise ConfigError(
-            "timeout_s",
-            f"{_shown(name, value)} is not valid: expected a number of seconds from "
-            f"{MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g} (7 days)",
-        )
+    try:
+        checked_timeout(value, _shown(name, value))
+    except ValueError as e:
+        raise ConfigError("timeout_s", str(e)) from None
 
 
 def _parse_path(setting: str, must_be: Literal["directory", "file"]) -> Callable[[Any, str], str]:
@@ -270,16 +282,110 @@ def _parse_pipeline(value: Any, name: str) -> PipelineSpec:
         return value
     if not isinstance(value, str):
         raise ConfigError("pipeline", f"{_shown(name, value)} is not a pipeline spec")
+    problem = _unreadable_number(value)
+    if problem is not None:
+        raise ConfigError("pipeline", f"{_shown(name, value)} is not valid: {problem}")
     try:
         return PipelineSpec.parse(value)
     except PipelineError as e:
         raise ConfigError("pipeline", f"{_shown(name, value)} is not valid: {e}") from None
 
 
+def _unreadable_number(spec: str) -> str | None:
+    """Why ``spec`` cannot be a pipeline spec before its passes are looked at: a
+    character that is not ASCII (``int()`` would read other scripts' digits, ``"٤"``
+    as 4), or an option number that is not the digits 0-9 (``+4``, ``1_0``)."""
+    for column, char in enumerate(spec, 1):
+        if not char.isascii():
+            return f"{char!r} at column {column} is not ASCII (a spec is ASCII only)"
+    for match in re.finditer(r"([A-Za-z0-9_.-]+)=([^,{}\s]*)", spec):
+        key, raw = match.groups()
+        if re.fullmatch(r"[+-]?[0-9_]+(?::[+-]?[0-9_]*)*", raw) and not re.fullmatch(
+            r"[0-9]+(?::[0-9]+)*", raw
+        ):
+            return f"{key}={raw}: a number is written with the digits 0-9 only"
+    return None
+
+
 def _check_pipeline(value: Any, name: str) -> None:
     if value is not None and not isinstance(value, PipelineSpec):
         raise ConfigError(
             "pipeline", f"{_shown(name, value)} is not a PipelineSpec: give the text to enable()"
+        )
+
+
+# What XLA_FLAGS cannot carry in a path: it splits its value at whitespace, and the
+# plugin reads it back with shlex.
+_UNSAFE_IN_XLA_FLAGS = frozenset(" \t\n\r\v\f'\"\\")
+
+
+def _parse_perf_table(value: Any, name: str) -> str:
+    """An existing file that parses as XLA's collective performance table (text or
+    binary), as an absolute path that XLA_FLAGS can carry."""
+    path = _parse_path("perf_table", "file")(value, name)
+    if any(c in _UNSAFE_IN_XLA_FLAGS for c in path):
+        raise ConfigError(
+            "perf_table",
+            f"{_shown(name, value)} is not valid: XLA_FLAGS cannot carry a path with spaces, "
+            "quotes or backslashes; link or copy the table to a plain path",
+        )
+    # Not at module level: this module must not import the simulator (and the passes)
+    # unless this setting is given.
+    from xla_streams.simulate.measured import PerfTableError, load_perf_table
+
+    try:
+        load_perf_table(path)
+        _check_xla_reads(path)
+    except PerfTableError as e:
+        raise ConfigError("perf_table", f"{_shown(name, value)} is not valid: {e}") from None
+    return path
+
+
+def _check_xla_reads(path: str) -> None:
+    """PerfTableError where a table the simulator reads would abort XLA: a collective
+    whose devices are written as ``replica_groups`` (the deprecated field) rather than
+    ``iota_collective_device_list``. jax 0.12's XLA fails a check
+    (``array.h: new_num_elements == num_elements()``) at the first GPU compile that
+    reads such a table (seen deviceless, 8 H100s); collective_perf_table_gen writes
+    the iota form."""
+    from xla_streams.simulate.measured import (
+        PERF_TABLE_ENUMS,
+        PERF_TABLE_ROOT,
+        PERF_TABLE_SCHEMA,
+        PerfTableError,
+    )
+    from xla_streams.simulate.textproto import Message, ProtoError, decode_wire, parse_text
+
+    with open(path, "rb") as f:
+        data = f.read()
+    root: Message | None = None
+    if not path.endswith(".pb"):
+        try:
+            root = parse_text(data.decode("utf-8"), path)
+        except (UnicodeDecodeError, ProtoError):
+            root = None  # binary, as load_perf_table found
+    if root is None:
+        root = decode_wire(data, PERF_TABLE_SCHEMA, PERF_TABLE_ROOT, PERF_TABLE_ENUMS, path)
+    for device in root.messages("entries"):
+        profiles = device.message("value")
+        for profile in profiles.messages("entries") if profiles is not None else ():
+            inst = profile.message("instruction")
+            if inst is not None and inst.has("replica_groups"):
+                raise PerfTableError(
+                    f"{device.string('key')}: the {inst.string('opcode')}'s devices are written "
+                    "as replica_groups, which XLA aborts on when it reads the table; write "
+                    "iota_collective_device_list { num_replica_groups: G "
+                    "num_devices_per_group: N iota_reshape_dims: ... iota_transpose_perm: ... }, "
+                    "as collective_perf_table_gen does",
+                    path=path,
+                    line=inst.line_of("replica_groups"),
+                )
+
+
+def _check_perf_table(value: Any, name: str) -> None:
+    if value is not None and not (isinstance(value, str) and os.path.isfile(value)):
+        raise ConfigError(
+            "perf_table", f"{_shown(name, value)} is not the path of a performance table"
         )
 
 
@@ -308,7 +414,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "policy",
-        f"how a collective picks its stream: {', '.join(POLICIES)} (default interval)",
+        f"how a collective picks its stream: {', '.join(POLICIES)} (default {DEFAULT_POLICY})",
         *_POLICY,
     ),
     Setting(
@@ -351,8 +457,8 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "timeout_s",
-        "ffi mode: a collective stuck this many seconds fails, naming it (default 300, "
-        "at most 7 days)",
+        "ffi mode: a collective stuck this many seconds fails, naming it (default "
+        f"{DEFAULT_TIMEOUT_S:g}, at most 7 days)",
         _parse_timeout,
         _check_timeout,
     ),
@@ -360,6 +466,15 @@ SETTINGS: tuple[Setting, ...] = (
         "config",
         "a result of `xla-streams tune --json`: its XLA options, K and policy",
         _parse_path("config", "file"),
+    ),
+    Setting(
+        "perf_table",
+        "XLA's collective performance table (its collective_perf_table format, text or "
+        "binary), checked at start-up: XLA's scheduler gets it as "
+        "--xla_gpu_experimental_collective_perf_table_path (unless XLA_FLAGS sets that) and "
+        "the HTML reports price collectives from it",
+        _parse_perf_table,
+        _check_perf_table,
     ),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
@@ -370,15 +485,46 @@ def _apply_tune_file(parsed: dict[str, Any], origin: Mapping[str, Source]) -> No
     path = parsed.get("config")
     if path is None:
         return
-    from xla_streams.tuning import TuneError, load_tune_result
-
+    name = spelled("config", origin["config"])
     try:
         best = load_tune_result(path).best
-    except TuneError as e:
-        raise ConfigError("config", f"{spelled('config', origin['config'])}: {e}") from None
+    except TuneError as e:  # it names the file and the field
+        raise ConfigError("config", f"{name}: {e}") from None
+    except Exception as e:  # RecursionError (deeply nested JSON), MemoryError, a bug
+        raise ConfigError(
+            "config", f"{name}: {path}: cannot read the tune result: {_reason(e)}"
+        ) from None
+    where = f"{name}: {path}: best."
+    _check_streams(best.streams, f"{where}streams=")
+    policy = BY_NAME["policy"].parse(best.policy, f"{where}policy=")
     parsed.setdefault("collective_streams", best.streams)
-    parsed.setdefault("policy", best.policy)
-    parsed["xla_options"] = dict(best.xla_flags)
+    parsed.setdefault("policy", policy)
+    parsed["xla_options"] = _checked_xla_options(best.xla_flags, f"{where}xla_flags.")
+
+
+# What a tune result's XLA option may look like before it goes into XLA_FLAGS: the
+# tune file's own check (tuning.result) knows each option's type and range; this one
+# only keeps anything that is not a single flag value out of XLA_FLAGS.
+_OPTION_NAME = re.compile(r"xla_[a-z0-9_]+")
+_OPTION_WORD = re.compile(r"[A-Za-z0-9_]+")
+
+
+def _checked_xla_options(options: Mapping[str, object], where: str) -> dict[str, object]:
+    """``options`` (name -> value) unless a name is not an XLA option name or a value
+    is not a bool, an int or one word of ASCII letters, digits and '_'."""
+    for option, value in options.items():
+        if not (isinstance(option, str) and _OPTION_NAME.fullmatch(option)):
+            raise ConfigError("config", f"{where}{option!r} is not an XLA option name")
+        if isinstance(value, bool | int) or (
+            isinstance(value, str) and _OPTION_WORD.fullmatch(value)
+        ):
+            continue
+        raise ConfigError(
+            "config",
+            f"{where}{option}={value!r} is not valid: expected true, false, an integer or "
+            "a word of ASCII letters, digits and '_'",
+        )
+    return dict(options)
 
 
 def _reconcile_pipeline(parsed: dict[str, Any], origin: Mapping[str, Source]) -> None:
@@ -422,6 +568,28 @@ def _reconcile_pipeline(parsed: dict[str, Any], origin: Mapping[str, Source]) ->
             f"collective streams the executable needs: also set "
             f"{spelled('collective_streams', origin['pipeline'])}",
         )
+
+
+def _parse(setting: str, value: Any, name: str) -> Any:
+    """``value`` of ``setting`` (spelled ``name``) as read by its parser; anything but a
+    ConfigError the parser raises (a bug, RecursionError, MemoryError) becomes one
+    naming the setting, so a bad value always stops the program the same way."""
+    try:
+        return BY_NAME[setting].parse(value, name)
+    except ConfigError:
+        raise
+    except Exception as e:
+        shown = _shown(name, value)
+        if len(shown) > 200:
+            shown = shown[:197] + "..."
+        raise ConfigError(setting, f"{shown} cannot be read: {_reason(e)}") from None
+
+
+def _reason(e: BaseException) -> str:
+    """``RecursionError: the first line of its message``, at most 300 characters."""
+    lines = str(e).strip().splitlines()
+    reason = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+    return reason if len(reason) <= 300 else reason[:297] + "..."
 
 
 def _shown(name: str, value: Any) -> str:

@@ -1,7 +1,8 @@
 """The ffi-mode runtime: native custom calls that run collectives on K streams.
 
 ``lower-to-ffi`` turns each async collective into two typed-FFI custom calls,
-``xla_streams_start`` and ``xla_streams_done``; this package builds (see
+``xla_streams_start`` and ``xla_streams_done`` (defined, with their attributes and
+the timeout's range, in :mod:`xla_streams.runtime.abi`); this package builds (see
 :mod:`xla_streams.runtime.build`), loads and registers their implementations:
 
 - ``host``: XLA:CPU devices of one process; per device one worker thread per
@@ -26,40 +27,25 @@ from __future__ import annotations
 
 import ctypes
 import json
-import math
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any
 
 from xla_streams import jax_compat
+from xla_streams.runtime.abi import (
+    BACKENDS,
+    DEFAULT_TIMEOUT_S,
+    HANDLERS,
+    PLATFORMS,
+    TIMEOUT_ENV,
+    AttributeValue,
+    Backend,
+    checked_timeout,
+    read_timeout,
+)
 from xla_streams.runtime.errors import BuildError
-
-Backend = Literal["host", "cuda"]
-BACKENDS: tuple[Backend, ...] = ("host", "cuda")
-START_TARGET = "xla_streams_start"
-DONE_TARGET = "xla_streams_done"
-COMPUTE_TARGET = "xla_streams_compute"
-PLATFORM = {"host": "cpu", "cuda": "CUDA"}
-_SYMBOLS: dict[str, dict[str, str]] = {
-    "host": {
-        START_TARGET: "xla_streams_host_start",
-        DONE_TARGET: "xla_streams_host_done",
-        COMPUTE_TARGET: "xla_streams_host_compute",
-    },
-    "cuda": {
-        START_TARGET: "xla_streams_cuda_start",
-        DONE_TARGET: "xla_streams_cuda_done",
-    },
-}
-DEFAULT_TIMEOUT_S = 300.0
-TIMEOUT_ENV = "XLA_STREAMS_TIMEOUT_S"
-# A timeout turns a hang into an error, so it is finite. The runtime counts it in
-# whole milliseconds, so less than 1 ms would be no time at all; a collective
-# still running after a week is hung, not slow, and a week of nanoseconds (6e14)
-# stays far from overflowing the runtime's int64 deadlines (9.2e18).
-MIN_TIMEOUT_S = 0.001
-MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 _lock = threading.RLock()
 _libraries: dict[str, ctypes.CDLL] = {}
@@ -68,15 +54,12 @@ _timeout_s: float | None = None
 _trace_on: bool | None = None
 
 __all__ = [
-    "BACKENDS",
-    "COMPUTE_TARGET",
-    "DONE_TARGET",
-    "START_TARGET",
     "BuildError",
     "TraceEvent",
     "clear_trace",
     "cuda_available",
     "enable_trace",
+    "ffi_attributes",
     "load",
     "parse_timeout",
     "register",
@@ -157,9 +140,9 @@ def register(backend: Backend = "host") -> None:
         lib = load(backend)
         if backend == "cuda":
             _configure_cuda(lib)
-        for target, symbol in _SYMBOLS[backend].items():
+        for target, symbol in HANDLERS[backend].items():
             capsule = jax.ffi.pycapsule(getattr(lib, symbol))  # type: ignore[no-untyped-call]
-            jax.ffi.register_ffi_target(target, capsule, platform=PLATFORM[backend])
+            jax.ffi.register_ffi_target(target, capsule, platform=PLATFORMS[backend])
         _registered.add(backend)
 
 
@@ -216,6 +199,21 @@ def set_stream_priority(spec: str, lib: ctypes.CDLL | None = None) -> None:
         raise ValueError(f"stream priority must be high, low, default or an integer, not {spec!r}")
 
 
+def ffi_attributes(items: Mapping[str, AttributeValue]) -> dict[str, Any]:
+    """Attributes (``CollectiveCall.start_attributes()`` and the like) as the keywords of
+    ``jax.ffi.ffi_call``: integers and integer arrays as numpy int64 (i64, array<i64>)."""
+    import numpy as np
+
+    def value_of(value: AttributeValue) -> Any:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, int):
+            return np.int64(value)
+        return np.array(value, dtype=np.int64)
+
+    return {key: value_of(value) for key, value in items.items()}
+
+
 def cuda_available() -> bool:
     """Whether the CUDA runtime and NCCL headers and libraries are installed (GPU or not)."""
     from xla_streams.runtime.build import find_cuda
@@ -227,22 +225,10 @@ def parse_timeout(text: str, name: str = TIMEOUT_ENV) -> float:
     """The timeout in seconds that ``text``, the value of setting ``name``, gives.
 
     Raises ValueError naming ``name`` unless it is a number of seconds from
-    MIN_TIMEOUT_S to MAX_TIMEOUT_S (``inf``, ``nan``, ``0`` and ``abc`` are not).
+    ``abi.MIN_TIMEOUT_S`` to ``abi.MAX_TIMEOUT_S`` (``inf``, ``nan``, ``0`` and ``abc``
+    are not).
     """
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    return _checked(seconds, f"{name}={text!r}")
-
-
-def _checked(seconds: float, shown: str) -> float:
-    if not MIN_TIMEOUT_S <= seconds <= MAX_TIMEOUT_S:  # also rejects nan
-        raise ValueError(
-            f"{shown} is not valid: expected a number of seconds from {MIN_TIMEOUT_S:g} to "
-            f"{MAX_TIMEOUT_S:g} (7 days)"
-        )
-    return seconds
+    return read_timeout(text, f"{name}={text!r}")
 
 
 def _milliseconds(seconds: float) -> int:
@@ -251,12 +237,12 @@ def _milliseconds(seconds: float) -> int:
 
 def set_timeout(seconds: float) -> None:
     """How long a rendezvous or collective may take before it fails (default 300 s;
-    MIN_TIMEOUT_S to MAX_TIMEOUT_S, else ValueError).
+    ``abi.MIN_TIMEOUT_S`` to ``abi.MAX_TIMEOUT_S``, else ValueError).
 
     Also read from ``XLA_STREAMS_TIMEOUT_S`` when a library loads.
     """
     global _timeout_s
-    checked = _checked(float(seconds), f"set_timeout({seconds!r})")
+    checked = checked_timeout(float(seconds), f"set_timeout({seconds!r})")
     with _lock:
         _timeout_s = checked
         for lib in _libraries.values():

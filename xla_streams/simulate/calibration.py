@@ -36,7 +36,9 @@ calibrated on, and for any program ``jax.profiler.trace(DIR)`` around a few step
 followed by ``jax.experimental.profiler.get_profiled_instructions_proto(
 "DIR/plugins/profile/<run>")`` makes one (JAX's ``JAX_ENABLE_PGLE=true`` does it
 on its own). Class ratios carry over to other programs; a PGLE profile only to
-the program it was measured on, so the simulator does not read it (yet).
+the program it was measured on: the simulator takes it as that program's measured
+costs (``profile.py``: ``Simulator(module, target, measured=load_profile(path)
+.for_module(module))``), which replace the model's for the instructions it names.
 """
 
 from __future__ import annotations

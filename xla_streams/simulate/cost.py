@@ -8,9 +8,31 @@ Compute (one GPU, on the compute stream):
   ``max(flops / matrix_rate, bytes / memory_bandwidth) + kernel_overhead``;
 - any other kernel (fusions, copies, unfused elementwise ops) is memory bound:
   ``bytes / memory_bandwidth + kernel_overhead``, where ``bytes`` is what it reads
-  (all operands) plus what it writes (its shape);
+  plus what it writes;
 - instructions that launch nothing (``parameter``, ``get-tuple-element``,
   ``tuple``, ``bitcast``, ``constant`` ...) take no time.
+
+Bytes are what the kernel touches, as XLA's own cost analysis counts them
+(``HloCostAnalysis``/``GpuHloCostAnalysis``: operand *utilization*):
+
+- a fusion reads each parameter in the fraction its fused computation uses: a
+  ``dynamic-slice`` or ``slice`` reads its slice of its operand (so a loop body
+  that takes layer ``i`` of stacked weights reads one layer, not the stack), a
+  ``gather`` what it gathers; the fraction flows back from the root through
+  every other instruction unchanged (capped at the whole parameter);
+- an in-place ``dynamic-update-slice``, the root of a fusion or an element of
+  its root tuple (or a bitcast of one), writes the update and reads none of the
+  buffer it updates: XLA runs it in place (``CanEmitDynamicUpdateSliceInPlace``)
+  and its cost analysis counts the update slice (``HandleFusion`` via
+  ``FusionProcessOutputBytesAccessed``). Outside a fusion it moves ``2 x update``
+  (``HandleDynamicUpdateSlice``); a plain ``dynamic-slice``/``slice``/``gather``
+  reads and writes its output;
+- everything else writes its shape.
+
+An async fusion (``fusion-start``/``fusion-done``, dynamic-slice and
+dynamic-update-slice copies XLA wraps with ``DynamicSliceCopyFusionAsyncWrapper``
+to run on a side compute stream) is one kernel: priced here once, at its start,
+from the fusion it calls; the simulator runs it off the main compute stream.
 
 ``matrix_rate`` and ``memory_bandwidth`` are the target's peaks times its
 efficiency factors (``targets.py``); FLOPs of a dot are ``2 * (output elements) *
@@ -41,10 +63,18 @@ Of all (algorithm, protocol) candidates the one with the smallest standalone
 time is used, as NCCL's tuner picks: small buffers get LL (and, over many hosts,
 the tree), large ones Simple rings. A group of one device is a local copy.
 
-Simplifications: a kernel reads each operand whole (an in-place
-``dynamic-update-slice`` fusion is charged for its whole buffer); one
-bottleneck link class per collective (a ring across hosts moves all its bytes
-at network speed); the host of device ``d`` is ``d // devices_per_host``.
+Measured collectives: where the target has XLA's measured table
+(``Target.perf_table_key``, ``measured.py``) and it covers the collective (one
+host, a kind and group size it measured), the standalone time is XLA's own
+estimate from the table instead (below the table's smallest size, 1 KiB, that
+size's time: a smaller message is no faster). It keeps the model's latency (at
+most the measured time) and moves its wire bytes in the rest of the measured
+time, so concurrent collectives still share link bandwidth. Elsewhere
+(collectives across hosts, A100) the alpha-beta model stands.
+
+Simplifications: one bottleneck link class per collective (a ring across hosts
+moves all its bytes at network speed); the host of device ``d`` is ``d //
+devices_per_host``.
 
 A collective's standalone time is ``latency + wire_bytes / B``; the simulator
 runs the latency unshared and the wire bytes through bandwidth shared with
@@ -67,6 +97,7 @@ from xla_streams.collectives import KINDS, AsyncPair
 from xla_streams.hlo import Computation, Instruction, Module
 from xla_streams.hlo.attributes import decode, parse_backend_config, parse_int_list
 from xla_streams.hlo.shape import Shape
+from xla_streams.simulate.measured import MIN_BYTES
 from xla_streams.simulate.targets import Target
 
 # Instructions that launch no kernel.
@@ -87,8 +118,15 @@ FREE_OPCODES = frozenset(
         # Their work is counted at the matching start.
         "copy-done",
         "async-done",
+        "fusion-done",
+        "fusion-update",
     }
 )
+# Async fusions: the start launches the kernel (on a side compute stream).
+ASYNC_FUSION_START = "fusion-start"
+# Ops that read only a part of their first operand: the fraction is their output's.
+_SLICING = frozenset({"dynamic-slice", "slice", "gather"})
+_DUS = "dynamic-update-slice"
 # Kernels that multiply matrices when they are custom calls.
 GEMM_CUSTOM_CALL_PREFIXES = ("__cublas$", "__cudnn$", "__triton_gemm")
 CONV_OPCODES = frozenset({"convolution"})
@@ -113,7 +151,8 @@ FREE = OpCost(0.0, "free")
 
 @dataclass(frozen=True)
 class CollectiveCost:
-    """One collective: an unshared latency, then ``wire_bytes`` at up to ``bandwidth``."""
+    """One collective: an unshared latency, then ``wire_bytes`` at up to ``bandwidth``.
+    ``measured``: its standalone time is XLA's measured one (``measured.py``)."""
 
     algorithm: str
     protocol: str
@@ -122,6 +161,7 @@ class CollectiveCost:
     bandwidth: float
     network: bool
     devices: tuple[int, ...]
+    measured: bool = False
 
     @property
     def seconds(self) -> float:
@@ -142,6 +182,8 @@ class CostModel:
         self.module = module
         self.target = target
         self._flops_of_computation: dict[str, tuple[float, str]] = {}
+        # fused computation -> (fraction read of each parameter, bytes written)
+        self._fused_io: dict[str, tuple[dict[int, float], int]] = {}
         # Module.computation() rebuilds its index on every call; keep one.
         self.computations: dict[str, Computation] = {c.name: c for c in module.computations}
 
@@ -153,7 +195,7 @@ class CostModel:
         if opcode in FREE_OPCODES:
             return FREE
         flops, element_type = 0.0, ""
-        if opcode == "fusion":
+        if opcode in ("fusion", ASYNC_FUSION_START):
             flops, element_type = self._called_flops(inst, "calls")
         elif opcode == "dot" or opcode in CONV_OPCODES:
             flops, element_type = self._matmul_flops(inst)
@@ -170,7 +212,68 @@ class CostModel:
         return OpCost(seconds * target.time_ratio("memory"), "memory", 0.0, nbytes)
 
     def _bytes(self, inst: Instruction) -> int:
+        """What the kernel reads and writes (see the module docstring)."""
+        opcode = inst.opcode
+        if opcode in ("fusion", ASYNC_FUSION_START):
+            comp = self._fused(inst)
+            if comp is not None:
+                fractions, written = self.fused_io(comp)
+                read = sum(
+                    shape.byte_size * fractions.get(k, 1.0)
+                    for k, shape in enumerate(inst.operand_shapes)
+                )
+                return round(read) + written
+        elif opcode == _DUS:
+            shapes = inst.operand_shapes
+            if len(shapes) >= 2:
+                return 2 * shapes[1].byte_size + sum(s.byte_size for s in shapes[2:])
+        elif opcode in _SLICING:
+            shapes = inst.operand_shapes
+            return 2 * inst.shape.byte_size + sum(s.byte_size for s in shapes[1:])
         return inst.shape.byte_size + sum(shape.byte_size for shape in inst.operand_shapes)
+
+    def _fused(self, inst: Instruction) -> Computation | None:
+        m = _CALLS.search(inst.text)
+        return self.computations.get(m.group(1)) if m is not None else None
+
+    def fused_io(self, comp: Computation) -> tuple[dict[int, float], int]:
+        """Of a fused computation: the fraction of each parameter (by number) its
+        kernel reads, and the bytes it writes (XLA's utilization analysis)."""
+        cached = self._fused_io.get(comp.name)
+        if cached is not None:
+            return cached
+        root = comp.root
+        elements = [root]
+        if root.opcode == "tuple":
+            elements = [comp.get(n) or root for n in root.operand_names]
+        in_place: set[str] = set()
+        written = 0
+        for element in elements:
+            dus = _through_bitcasts(element)
+            if dus is not None and dus.opcode == _DUS and len(dus.operand_names) >= 2:
+                in_place.add(dus.name)
+                written += dus.operand_shapes[1].byte_size
+            else:
+                written += element.shape.byte_size
+        use: dict[str, float] = {root.name: 1.0}
+        for inst in reversed(comp.instructions):
+            u = use.get(inst.name, 0.0)
+            if u == 0.0:
+                continue
+            names = inst.operand_names
+            for k, name in enumerate(names):
+                use[name] = use.get(name, 0.0) + u * _operand_use(inst, k, in_place)
+        fractions: dict[int, float] = {}
+        for inst in comp.instructions:
+            if inst.opcode == "parameter":
+                try:
+                    number = int(inst.operands_text.strip())
+                except ValueError:
+                    continue
+                fractions[number] = min(use.get(inst.name, 0.0), 1.0)
+        result = (fractions, written)
+        self._fused_io[comp.name] = result
+        return result
 
     def _called_flops(self, inst: Instruction, key: str) -> tuple[float, str]:
         if key == "calls":
@@ -213,12 +316,10 @@ class CostModel:
         return result
 
     def _matmul_flops(self, inst: Instruction) -> tuple[float, str]:
-        operands = inst.operand_shapes
-        if len(operands) < 2:
+        operands = _product_operands(inst)
+        if operands is None:
             return 0.0, ""
-        lhs, rhs = operands[0], operands[1]
-        out = _first_array(inst.shape)
-        element_type = lhs.element_type or ""
+        lhs, rhs, out, element_type = operands
         if inst.opcode == "dot":
             dims = decode(inst, "lhs_contracting_dims", parse_int_list) or ()
             contracted = math.prod(lhs.dimensions[d] for d in dims if d < len(lhs.dimensions))
@@ -229,14 +330,10 @@ class CostModel:
         raw = inst.attribute("custom_call_target") or ""
         m = _CUSTOM_CALL_TARGET.fullmatch(raw)
         target = m.group(1) if m else raw
-        if not target.startswith(GEMM_CUSTOM_CALL_PREFIXES):
+        operands = _product_operands(inst)
+        if not target.startswith(GEMM_CUSTOM_CALL_PREFIXES) or operands is None:
             return 0.0, ""
-        operands = inst.operand_shapes
-        if len(operands) < 2:
-            return 0.0, ""
-        lhs, rhs = operands[0], operands[1]
-        out = _first_array(inst.shape)
-        element_type = lhs.element_type or ""
+        lhs, rhs, out, element_type = operands
         if "conv" in target:
             return _conv_flops(inst, rhs, out), element_type
         config = decode(inst, "backend_config", parse_backend_config) or {}
@@ -255,21 +352,95 @@ class CostModel:
     # -- collectives ---------------------------------------------------------------
 
     def collective(self, pair: AsyncPair) -> CollectiveCost:
-        return collective_cost(pair.kind, pair.groups, pair.bytes, self.target)
+        comp = self.computations.get(pair.computation)
+        start = comp.get(pair.start) if comp is not None else None
+        return self.collective_of(start, pair.kind, pair.groups, pair.bytes)
+
+    def collective_of(
+        self, inst: Instruction | None, kind: str, groups: tuple[tuple[int, ...], ...], size: int
+    ) -> CollectiveCost:
+        """The cost of collective ``inst`` (its element type keys XLA's table)."""
+        return collective_cost(kind, groups, size, self.target, dtype=element_type(inst))
+
+    def async_compute(self, inst: Instruction) -> bool:
+        """``inst`` starts a kernel XLA runs on a side compute stream: an async fusion
+        (``fusion-start``), or an ``async-start`` around something no collective."""
+        if inst.opcode == ASYNC_FUSION_START:
+            return True
+        if inst.opcode != "async-start":
+            return False
+        callee = self._fused(inst)
+        return callee is not None and callee.root.opcode not in KINDS
+
+
+def element_type(inst: Instruction | None) -> str | None:
+    """The element type of a collective's first operand, as XLA's table spells it
+    (``F32``); None when unknown."""
+    if inst is None:
+        return None
+    for shape in inst.operand_shapes:
+        for leaf in shape.leaves():
+            if leaf.element_type:
+                return leaf.element_type.upper()
+    return None
 
 
 def collective_cost(
-    kind: str, groups: tuple[tuple[int, ...], ...], size: int, target: Target
+    kind: str,
+    groups: tuple[tuple[int, ...], ...],
+    size: int,
+    target: Target,
+    *,
+    dtype: str | None = None,
 ) -> CollectiveCost:
-    """The alpha-beta cost of one collective (see the module docstring for the formulas),
-    times the target's calibration ratio for ``kind``."""
+    """The cost of one collective: XLA's measured time where the target's table covers
+    it, else the alpha-beta model (see the module docstring), times the target's
+    calibration ratio for ``kind``. ``dtype``: its element type (``F32``), which XLA's
+    table keys reducing collectives by."""
     cost = _model_cost(kind, groups, size, target)
+    measured = _measured_cost(cost, kind, groups, size, target, dtype)
+    if measured is not None:
+        cost = measured
     ratio = target.time_ratio(kind)
     if ratio == 1.0:
         return cost
     # Latency and transfer scale together, so the standalone time scales by the ratio
     # and bandwidth sharing keeps its meaning.
     return dataclasses.replace(cost, latency=cost.latency * ratio, bandwidth=cost.bandwidth / ratio)
+
+
+def _measured_cost(
+    model: CollectiveCost,
+    kind: str,
+    groups: tuple[tuple[int, ...], ...],
+    size: int,
+    target: Target,
+    dtype: str | None,
+) -> CollectiveCost | None:
+    """``model`` re-timed to XLA's measured standalone time, if the table covers it."""
+    if model.network or model.algorithm == "local":
+        return None
+    table = target.measured_collectives()
+    if table is None:
+        return None
+    seconds = table.seconds(kind, groups, max(size, MIN_BYTES), dtype or "F32")
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    latency = min(model.latency, seconds)
+    transfer = seconds - latency
+    if model.wire_bytes <= 0 or transfer <= 0:
+        return dataclasses.replace(
+            model, algorithm="measured", protocol="xla-table", latency=seconds, wire_bytes=0.0,
+            measured=True,
+        )  # fmt: skip
+    return dataclasses.replace(
+        model,
+        algorithm="measured",
+        protocol="xla-table",
+        latency=latency,
+        bandwidth=model.wire_bytes / transfer,
+        measured=True,
+    )
 
 
 def _model_cost(
@@ -332,6 +503,42 @@ def _model_cost(
                 best = c
     assert best is not None  # targets always have a protocol
     return best
+
+
+def _through_bitcasts(inst: Instruction) -> Instruction | None:
+    """``inst``, or what a chain of bitcasts at it starts from (in its computation)."""
+    seen = 0
+    while inst.opcode == "bitcast" and seen < 64:
+        names = inst.operand_names
+        operand = inst.computation.get(names[0]) if names else None
+        if operand is None:
+            return None
+        inst, seen = operand, seen + 1
+    return inst
+
+
+def _operand_use(inst: Instruction, k: int, in_place: set[str]) -> float:
+    """The fraction of operand ``k`` that ``inst`` reads per unit of its own use."""
+    opcode = inst.opcode
+    if k == 0 and opcode in _SLICING:
+        operand = _elements(inst.operand_shapes[0])
+        return min(_elements(_first_array(inst.shape)) / operand, 1.0) if operand else 1.0
+    if k == 0 and opcode == _DUS:
+        if inst.name in in_place:
+            return 0.0
+        shapes = inst.operand_shapes
+        whole = _elements(shapes[0])
+        return (whole - _elements(shapes[1])) / whole if whole and len(shapes) > 1 else 1.0
+    return 1.0
+
+
+def _product_operands(inst: Instruction) -> tuple[Shape, Shape, Shape, str] | None:
+    """A matrix product's (lhs, rhs, output, element type), or None without two operands."""
+    operands = inst.operand_shapes
+    if len(operands) < 2:
+        return None
+    lhs = operands[0]
+    return lhs, operands[1], _first_array(inst.shape), lhs.element_type or ""
 
 
 def _conv_flops(inst: Instruction, rhs: Shape, out: Shape) -> float:

@@ -21,6 +21,17 @@ The model:
   Collectives transferring at the same time over the same link (a device's
   NVLink, or its network port) share its bandwidth equally (processor
   sharing); a collective moves at the pace of its most shared link.
+- An async fusion (``fusion-start``/``fusion-done``: the dynamic-slice and
+  dynamic-update-slice copies XLA wraps to run beside the main compute) runs
+  once, on a side compute stream (the one XLA gives it, round robin over 4;
+  ``execution_streams.py``): it begins at its start, FIFO on its stream, and
+  the compute stream waits for it at its done only if it is not over yet.
+  Waiting for one is no exposed communication.
+- With measured costs (``measured=``, a PGLE profile: ``profile.py``), an
+  instruction the profile names takes its measured time instead of the
+  model's; a collective its measured standalone time (start to done). The
+  result says how much of the work was measured (``profiled_time``) and how
+  much modelled (``modeled_time``).
 - A ``while`` runs its condition and body ``known_trip_count`` times (then the
   condition once more); without a known trip count it runs once and the result
   says so. As soon as an iteration starts and ends with no collective in flight,
@@ -36,16 +47,18 @@ The model:
 Predictions: step time, exposed communication, busy time per stream, for each
 stream count K and policy, with the real assignment of ``assign-streams``.
 
-Not modelled (each makes real overlap somewhat worse than predicted): NCCL
-kernels taking SMs and HBM bandwidth from the compute kernels they overlap,
-NVLink SHARP (NVLS) all-reduce, several channels of one collective spreading
-over links differently from a plain ring, and launch overheads saved by CUDA
-graphs. The time of one device is predicted; ranks are assumed to run the same
-schedule in lockstep.
+Not modelled in the expected value (each makes real overlap somewhat worse
+than predicted): NCCL kernels taking SMs and HBM bandwidth from the compute
+kernels they overlap (``errors=ErrorScale(interference=...)`` slows compute that
+starts while a collective is in flight; ``ranges.predict_range`` uses it for its
+high end), several channels of one collective spreading over links differently
+from a plain ring, and launch overheads saved by CUDA graphs. The time of one
+device is predicted; ranks are assumed to run the same schedule in lockstep.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -56,25 +69,34 @@ from typing import Any
 from xla_streams.collectives import (
     COLLECTIVE_OPCODES,
     POLICIES,
+    STREAM_COUNTS,
     SYNC_PAIR_STREAM,
     AsyncPair,
     Policy,
     StreamAssignment,
     StreamModel,
     device_groups,
+    tied_units,
 )
 from xla_streams.hlo import Computation, Instruction, Module
 from xla_streams.hlo.attributes import decode, parse_backend_config
-from xla_streams.passes.assign_streams import assign_streams, tied_units
+from xla_streams.passes.assign_streams import assign_streams
 from xla_streams.passes.find_async_pairs import find_async_pairs
-from xla_streams.simulate.cost import CollectiveCost, CostModel, collective_cost
+from xla_streams.simulate.cost import CollectiveCost, CostModel
+from xla_streams.simulate.errors import TABLE_SMOOTH_BYTES, ErrorScale
+from xla_streams.simulate.execution_streams import execution_streams
+from xla_streams.simulate.profile import MeasuredCosts
 from xla_streams.simulate.targets import Target
 
-# Step tags of a compiled program.
-_COMPUTE, _START, _DONE, _SYNC, _FIRE, _WHILE = range(6)
+# Step tags of a compiled program. A compute step is (_COMPUTE, seconds, name, kind,
+# bytes, flops, seconds of it measured); _SIDE_START/_SIDE_DONE start and wait for an
+# async kernel on a side compute stream.
+_COMPUTE, _START, _DONE, _SYNC, _FIRE, _WHILE, _SIDE_START, _SIDE_DONE = range(8)
 # Lanes other than the collective streams 0..K-1.
 COMPUTE_LANE = -1
 P2P_LANE = -2
+# Side compute stream k (XLA's computation_stream[k]) is lane SIDE_COMPUTE_LANE - k.
+SIDE_COMPUTE_LANE = -100
 # Bounds: streams of their own, numbered from here (only the drawing sees the
 # numbers); in the lower bound each collective takes the lowest-numbered one
 # idle when it starts (_DYNAMIC).
@@ -99,6 +121,10 @@ class CollectiveSpec:
     bytes: int
     cost: CollectiveCost
     pair: AsyncPair | None = None
+    # An async kernel on a side compute stream (kind: its cost class), not a collective.
+    side: bool = False
+    # Its time comes from the program's own profile.
+    profiled: bool = False
 
 
 @dataclass
@@ -141,9 +167,21 @@ class SimResult:
     truncated: bool = False
     # The (K, policy) configurations it stands for (several when they assign alike).
     configs: tuple[tuple[int, str], ...] = ()
+    # Busy time of the side compute streams (async fusions), beside compute_time.
+    side_compute_time: float = 0.0
+    # Work (compute kernels, side kernels, collectives standalone; loops counted per
+    # iteration) whose time came from the program's profile, and from the model.
+    profiled_time: float = 0.0
+    modeled_time: float = 0.0
 
     def lane_name(self, lane: int) -> str:
         return lane_name(lane)
+
+    @property
+    def profiled_fraction(self) -> float:
+        """The share of the work whose time was measured (0 without a profile)."""
+        total = self.profiled_time + self.modeled_time
+        return self.profiled_time / total if total > 0 else 0.0
 
 
 def lane_name(lane: int) -> str:
@@ -151,6 +189,8 @@ def lane_name(lane: int) -> str:
         return "compute"
     if lane == P2P_LANE:
         return "p2p stream"
+    if lane <= SIDE_COMPUTE_LANE:
+        return f"side compute stream {SIDE_COMPUTE_LANE - lane}"
     if lane >= _UNLIMITED_BASE:
         return f"own stream {lane - _UNLIMITED_BASE}"
     return f"collective stream {lane}"
@@ -329,6 +369,17 @@ class _Recorder:
         spec = job.spec
         assert job.end is not None
         standalone = spec.cost.seconds
+        if spec.side:
+            if self.compute:
+                self.add(
+                    Slice(
+                        job.lane, spec.name, spec.kind, job.begin, job.end - job.begin,
+                        {"kind": spec.kind, "bytes": spec.bytes, "async": True,
+                         "predicted_us": round((job.end - job.begin) * 1e6, 3),
+                         "queued_us": round((job.begin - job.ready) * 1e6, 3)},
+                    )
+                )  # fmt: skip
+            return
         self.add(
             Slice(
                 job.lane,
@@ -362,28 +413,109 @@ class Simulator:
         *,
         model: StreamModel | None = None,
         progress: Progress | None = None,
+        measured: MeasuredCosts | None = None,
+        errors: ErrorScale | None = None,
     ) -> None:
         """``pairs`` as ``find-async-pairs`` found them, or found here under ``model``
-        (default: the safe assumption, see :class:`StreamModel`)."""
+        (default: the safe assumption, see :class:`StreamModel`). ``measured``: the
+        program's own measured costs (``profile.load_profile(path).for_module(module)``),
+        which replace the model's for the instructions they name. ``errors``: factors
+        on the model's costs (``errors.py``; the ranges of ``ranges.predict_range``)."""
         self.module = module
         self.target = target
         self.cost = CostModel(module, target)
+        self.measured = measured
+        self.errors = errors or ErrorScale()
         self.pairs: tuple[AsyncPair, ...] = tuple(
             pairs if pairs is not None else find_async_pairs(module, model)
         )
         self.progress = progress
         self.notes: list[str] = []
-        self.specs: list[CollectiveSpec] = [
-            CollectiveSpec(p.start, p.kind, p.bytes, self.cost.collective(p), p) for p in self.pairs
-        ]
+        self.specs: list[CollectiveSpec] = [self._pair_spec(p) for p in self.pairs]
         self._pair_of_start = {p.start: i for i, p in enumerate(self.pairs)}
         self._pair_of_done = {p.done: i for i, p in enumerate(self.pairs)}
+        self._side_of_start: dict[str, int] = {}
+        self._side_streams: dict[str, int] | None = None
         self._programs: dict[str, Program] = {}
         self._merged: dict[int, list[Step]] = {}
         self._compiling: set[str] = set()
-        self._outcomes: dict[tuple[Any, ...], tuple[float, float, float, dict[int, float]]] = {}
+        self._outcomes: dict[
+            tuple[Any, ...], tuple[float, float, float, dict[int, float], float, float]
+        ] = {}
         self.entry = self._compile(module.entry)
         self._entry_merged = self._merge(self.entry.steps)
+        tabled = sum(1 for spec in self.specs if spec.cost.measured and not spec.profiled)
+        if tabled:
+            self.notes.append(
+                f"{tabled} of {sum(1 for s in self.specs if not s.side)} collectives priced "
+                f"from XLA's measured table ({target.perf_table_key})"
+            )
+        if measured is not None:
+            unused = measured.unused()
+            if unused:
+                shown = ", ".join(unused[:5]) + (
+                    f" and {len(unused) - 5} more" if len(unused) > 5 else ""
+                )
+                self.notes.append(
+                    f"profile {measured.path}: {len(unused)} name(s) not in this module ({shown})"
+                )
+
+    # -- costs -------------------------------------------------------------------
+
+    def _pair_spec(self, pair: AsyncPair) -> CollectiveSpec:
+        cost, profiled = self._collective(pair.start, self.cost.collective(pair), pair.bytes)
+        return CollectiveSpec(pair.start, pair.kind, pair.bytes, cost, pair, profiled=profiled)
+
+    def _collective(
+        self, name: str, cost: CollectiveCost, size: int
+    ) -> tuple[CollectiveCost, bool]:
+        """``cost`` with a measured time from the profile, or scaled by ``errors``."""
+        errors = self.errors
+        seconds = self.measured.get(name) if self.measured is not None else None
+        if seconds is not None:
+            seconds *= errors.profiled
+            latency = min(cost.latency, seconds)
+            transfer = seconds - latency
+            if cost.wire_bytes <= 0 or transfer <= 0:
+                return dataclasses.replace(cost, latency=seconds, wire_bytes=0.0), True
+            return dataclasses.replace(
+                cost, latency=latency, bandwidth=cost.wire_bytes / transfer
+            ), True
+        if errors.neutral:
+            return cost, False
+        if cost.measured:
+            f = errors.table_large if size >= TABLE_SMOOTH_BYTES else errors.table_small
+            return dataclasses.replace(
+                cost, latency=cost.latency * f, bandwidth=cost.bandwidth / f
+            ), False
+        link = errors.network if cost.network else errors.nvlink
+        return dataclasses.replace(
+            cost, latency=cost.latency * errors.latency, bandwidth=cost.bandwidth / link
+        ), False
+
+    def _kernel(self, name: str, seconds: float, kind: str) -> tuple[float, float]:
+        """(seconds, of which measured) of a compute kernel: the profile's time if it has
+        one, else the model's scaled by ``errors``."""
+        measured = self.measured.get(name) if self.measured is not None else None
+        if measured is not None:
+            measured *= self.errors.profiled
+            return measured, measured
+        return seconds * self.errors.compute(kind), 0.0
+
+    def _side_stream(self, name: str) -> int:
+        """XLA's compute stream for the async kernel started by ``name``."""
+        if self._side_streams is None:
+            self._side_streams = execution_streams(self.module, self.pairs).compute
+        return self._side_streams.get(name, 0)
+
+    def _add_side(self, inst: Instruction, seconds: float, kind: str, nbytes: int) -> int:
+        spent, measured = self._kernel(inst.name, seconds, kind)
+        cost = CollectiveCost("kernel", "none", spent, 0.0, 0.0, False, ())
+        spec = CollectiveSpec(inst.name, kind, nbytes, cost, None, side=True, profiled=measured > 0)
+        self.specs.append(spec)
+        index = len(self.specs) - 1
+        self._side_of_start[inst.name] = index
+        return index
 
     # -- compiling ---------------------------------------------------------------
 
@@ -411,6 +543,31 @@ class Simulator:
                 if self.pairs[pair_index].lane != "compute":
                     steps.append((_DONE, pair_index))
                 continue
+            if opcode in ("fusion-done", "async-done"):
+                side = self._side_done(inst)
+                if side is not None:
+                    steps.append((_SIDE_DONE, side))
+                    continue
+            if self.cost.async_compute(inst):
+                if opcode == "async-start":
+                    wrapped = self._callee(inst, "calls")
+                    assert wrapped is not None
+                    program = self._compile(wrapped)
+                    side = self._add_side(inst, program.serial, "async-compute", 0)
+                    spec = self.specs[side]
+                    if not spec.profiled:
+                        # Its kernels, priced (or measured) one by one.
+                        measured = sum(s[6] for s in program.steps if s[0] == _COMPUTE)
+                        self.specs[side] = dataclasses.replace(
+                            spec, profiled=0 < program.serial <= measured
+                        )
+                else:
+                    cost = cost_of(inst)
+                    side = self._add_side(inst, cost.seconds, cost.kind, cost.bytes)
+                lane = SIDE_COMPUTE_LANE - self._side_stream(name)
+                steps.append((_SIDE_START, side, lane))
+                serial += self.specs[side].cost.seconds
+                continue
             if opcode == "while":
                 step = self._while(inst)
                 steps.append(step)
@@ -421,13 +578,6 @@ class Simulator:
                 if callee is not None:
                     steps.extend(callee.steps)
                     serial += callee.serial
-            elif opcode == "async-start":
-                wrapped = self._callee(inst, "calls")
-                if wrapped is not None:
-                    # An async computation that is no collective: run it in place.
-                    seconds = self._compile(wrapped).serial
-                    steps.append((_COMPUTE, seconds, name, "async-compute", 0, 0.0))
-                    serial += seconds
             elif opcode in ("send", "recv"):
                 # Unpaired: pipelined from an earlier iteration; its done is elsewhere.
                 index = self._add_spec(inst, opcode)
@@ -441,8 +591,11 @@ class Simulator:
             else:
                 cost = cost_of(inst)
                 if cost.seconds > 0:
-                    steps.append((_COMPUTE, cost.seconds, name, cost.kind, cost.bytes, cost.flops))
-                    serial += cost.seconds
+                    seconds, measured = self._kernel(name, cost.seconds, cost.kind)
+                    steps.append(
+                        (_COMPUTE, seconds, name, cost.kind, cost.bytes, cost.flops, measured)
+                    )
+                    serial += seconds
         self._compiling.discard(comp.name)
         program = Program(steps, serial)
         self._programs[comp.name] = program
@@ -451,10 +604,19 @@ class Simulator:
     def _add_spec(self, inst: Instruction, kind: str) -> int:
         groups = device_groups(self.module, inst, kind)
         size = max(sum(s.byte_size for s in inst.operand_shapes), inst.shape.byte_size)
-        self.specs.append(
-            CollectiveSpec(inst.name, kind, size, collective_cost(kind, groups, size, self.target))
+        cost, profiled = self._collective(
+            inst.name, self.cost.collective_of(inst, kind, groups, size), size
         )
+        self.specs.append(CollectiveSpec(inst.name, kind, size, cost, profiled=profiled))
         return len(self.specs) - 1
+
+    def _side_done(self, done: Instruction) -> int | None:
+        """The side kernel ``done`` waits for (None: not an async kernel's done)."""
+        names = done.operand_names
+        start = done.computation.get(names[0]) if names else None
+        while start is not None and start.opcode.endswith("-update") and start.operand_names:
+            start = start.computation.get(start.operand_names[0])
+        return self._side_of_start.get(start.name) if start is not None else None
 
     def _callee(self, inst: Instruction, key: str) -> Computation | None:
         value = inst.attribute(key)
@@ -514,14 +676,15 @@ class Simulator:
         if cached is not None:
             return cached
         merged: list[Step] = []
-        pending = 0.0
+        pending = pending_measured = 0.0
         for step in steps:
             if step[0] == _COMPUTE:
                 pending += step[1]
+                pending_measured += step[6]
                 continue
             if pending:
-                merged.append((_COMPUTE, pending, "", "", 0, 0.0))
-                pending = 0.0
+                merged.append((_COMPUTE, pending, "", "", 0, 0.0, pending_measured))
+                pending = pending_measured = 0.0
             if step[0] == _WHILE:
                 cond, body = step[2], step[3]
                 step = (
@@ -532,7 +695,7 @@ class Simulator:
                 )  # fmt: skip
             merged.append(step)
         if pending:
-            merged.append((_COMPUTE, pending, "", "", 0, 0.0))
+            merged.append((_COMPUTE, pending, "", "", 0, 0.0, pending_measured))
         self._merged[key] = merged
         return merged
 
@@ -638,14 +801,20 @@ class Simulator:
         outcome = None if record else self._outcomes.get(key)
         if outcome is None:
             replay = _Replay(self, lanes, share=share, recorder=recorder)
-            replay.program(self.entry.steps if record and compute_slices else self._entry_merged)
+            # Interference depends on when each kernel starts: no merged steps then.
+            whole = (record and compute_slices) or self.errors.interference > 0
+            replay.program(self.entry.steps if whole else self._entry_merged)
             replay.finish()
             lane_busy = dict(sorted(replay.network.busy.items()))
             lane_busy[COMPUTE_LANE] = replay.compute_busy
-            outcome = (replay.t, replay.compute_busy, replay.exposed, lane_busy)
+            outcome = (
+                replay.t, replay.compute_busy, replay.exposed, lane_busy,
+                replay.profiled, replay.modeled,
+            )  # fmt: skip
             if not record:
                 self._outcomes[key] = outcome
-        step_time, compute_busy, exposed, lane_busy = outcome
+        step_time, compute_busy, exposed, lane_busy, profiled, modeled = outcome
+        side = sum(busy for lane, busy in lane_busy.items() if lane <= SIDE_COMPUTE_LANE)
         return SimResult(
             label=label,
             streams=streams,
@@ -658,16 +827,23 @@ class Simulator:
             slices=recorder.slices if recorder is not None else None,
             truncated=recorder.truncated if recorder is not None else False,
             configs=() if streams is None or policy is None else ((streams, policy),),
+            side_compute_time=side,
+            profiled_time=profiled,
+            modeled_time=modeled,
         )
 
     def kernels(self) -> dict[str, tuple[str, float]]:
         """Each compute instruction the replay charges (not collectives, not control
-        flow): its name -> (cost class, seconds of one execution)."""
+        flow; async kernels on side streams included): its name -> (cost class,
+        seconds of one execution)."""
         found: dict[str, tuple[str, float]] = {}
         for program in self._programs.values():
             for step in program.steps:
                 if step[0] == _COMPUTE:
                     found[step[2]] = (step[3], step[1])
+                elif step[0] == _SIDE_START:
+                    spec = self.specs[step[1]]
+                    found[spec.name] = (spec.kind, spec.cost.seconds)
         return found
 
     def serial_time(self) -> float:
@@ -689,8 +865,26 @@ class _Replay:
         self.t = 0.0
         self.compute_busy = 0.0
         self.exposed = 0.0
+        self.profiled = 0.0  # work measured (profile) and modelled, as run
+        self.modeled = 0.0
+        self.interference = sim.errors.interference
         self.in_flight: dict[int, _Job] = {}
         self.fired: list[_Job] = []
+
+    def _count(self, spec: CollectiveSpec) -> None:
+        if spec.profiled:
+            self.profiled += spec.cost.seconds
+        else:
+            self.modeled += spec.cost.seconds
+
+    def _collective_running(self) -> bool:
+        """A collective (not a side kernel) is in flight now."""
+        network = self.network
+        network.run(until_time=self.t)
+        return any(job.lane > SIDE_COMPUTE_LANE for job in network.running.values()) or any(
+            queue and lane > SIDE_COMPUTE_LANE and queue[0].ready <= self.t
+            for lane, queue in network.queues.items()
+        )
 
     def program(self, steps: list[Step]) -> None:
         recorder = self.recorder
@@ -699,6 +893,10 @@ class _Replay:
             tag = step[0]
             if tag == _COMPUTE:
                 seconds = step[1]
+                self.profiled += step[6]
+                self.modeled += seconds - step[6]
+                if self.interference > 0 and self._collective_running():
+                    seconds *= 1 + self.interference
                 if recorder is not None and recorder.compute:
                     recorder.add(
                         Slice(
@@ -715,6 +913,7 @@ class _Replay:
                 if lane == _DYNAMIC:
                     lane = self._idle_lane()
                 job = _Job(index, self.specs[index], lane, self.t)
+                self._count(job.spec)
                 network.submit(job)
                 self.in_flight[index] = job
             elif tag == _DONE:
@@ -723,13 +922,24 @@ class _Replay:
             elif tag == _SYNC:
                 index = step[1]
                 job = _Job(index, self.specs[index], COMPUTE_LANE, self.t)
+                self._count(job.spec)
                 network.submit(job)
                 self._wait(job, None)
             elif tag == _FIRE:
                 index = step[1]
                 job = _Job(index, self.specs[index], P2P_LANE, self.t)
+                self._count(job.spec)
                 network.submit(job)
                 self.fired.append(job)
+            elif tag == _SIDE_START:
+                index = step[1]
+                job = _Job(index, self.specs[index], step[2], self.t)
+                self._count(job.spec)
+                network.submit(job)
+                self.in_flight[index] = job
+            elif tag == _SIDE_DONE:
+                job = self.in_flight.pop(step[1])
+                self._wait(job, "wait", exposed=False)
             else:
                 self._loop(step)
 
@@ -742,13 +952,16 @@ class _Replay:
             lane += 1
         return lane
 
-    def _wait(self, job: _Job, wait_kind: str | None) -> None:
+    def _wait(self, job: _Job, wait_kind: str | None, *, exposed: bool = True) -> None:
+        """Block the compute stream until ``job`` is over; the time is exposed
+        communication unless ``exposed`` is False (a side kernel)."""
         if job.end is None:
             self.network.run(until_job=job)
         assert job.end is not None
         if job.end > self.t:
             waited = job.end - self.t
-            self.exposed += waited
+            if exposed:
+                self.exposed += waited
             if self.recorder is not None and wait_kind is not None:
                 self.recorder.add(
                     Slice(
@@ -766,7 +979,10 @@ class _Replay:
         while i < trip:
             network.run(until_time=self.t)
             idle_before = network.idle() and not self.in_flight
-            before = (self.t, self.compute_busy, self.exposed, dict(network.busy))
+            before = (
+                self.t, self.compute_busy, self.exposed, dict(network.busy), self.profiled,
+                self.modeled,
+            )  # fmt: skip
             self.program(cond.steps)
             self.program(body.steps)
             i += 1
@@ -783,7 +999,7 @@ class _Replay:
                     continue
             # Every later iteration takes exactly as long as this one: add them up.
             repeats = trip - i
-            t0, busy0, exposed0, lanes0 = before
+            t0, busy0, exposed0, lanes0, profiled0, modeled0 = before
             duration = self.t - t0
             if self.recorder is not None and self.recorder.compute:
                 self.recorder.add(
@@ -797,6 +1013,8 @@ class _Replay:
             self.t += duration * repeats
             self.compute_busy += (self.compute_busy - busy0) * repeats
             self.exposed += (self.exposed - exposed0) * repeats
+            self.profiled += (self.profiled - profiled0) * repeats
+            self.modeled += (self.modeled - modeled0) * repeats
             if not compute_only:
                 # Idle network: its streams' busy time repeats too, and nothing is pending.
                 for lane, busy in list(network.busy.items()):
@@ -875,7 +1093,7 @@ class WhatIf:
 def what_if(
     module: Module,
     target: Target,
-    streams: Iterable[int] = (1, 2, 4, 8),
+    streams: Iterable[int] = STREAM_COUNTS,
     policies: Iterable[Policy] = POLICIES,
     *,
     pairs: Sequence[AsyncPair] | None = None,

@@ -1,12 +1,26 @@
 """The one table of hardware constants the cost model uses, with where each comes from.
 
 Every number the simulator needs lives in a ``Target``; nothing else in
-``xla_streams.simulate`` hard-codes a rate or a latency. Three targets ship:
-``h100``, ``a100`` and ``h200`` (SXM parts in 8-GPU DGX/HGX hosts). Any field
-can be overridden from a JSON file (``load_target``)::
+``xla_streams.simulate`` hard-codes a rate or a latency. Five targets ship:
+``h100``, ``a100`` and ``h200`` (SXM parts in 8-GPU DGX/HGX hosts), ``b200`` (an
+8-GPU DGX/HGX B200 host) and ``gb200`` (a GB200 NVL72 rack: 72 GPUs on one NVLink
+domain, which the model treats as one "host"). Any field can be overridden from a
+JSON file (``load_target``)::
 
     {"base": "h100", "name": "h100-measured", "link_efficiency": 0.72,
-     "matrix_flops": {"bf16": 8.0e14}}
+     "matrix_flops": {"bf16": 8.0e14}, "perf_table": "my_collectives.txtpb"}
+
+Measured collective times
+-------------------------
+
+Collectives inside one host are priced from XLA's own measurements where it has
+them (``measured.py``): ``perf_table_key`` names the GPU kind in XLA's collective
+performance table (``sm_90`` for H100 and H200, as XLA keys it by compute
+capability; ``sm_100_B200``; ``sm_100_GB200``; A100 has none), and
+``perf_table`` holds a user's own table in XLA's format (``load_perf_table``);
+without one the table vendored from XLA (``data/``) is used. Everything else
+(collectives across hosts, kinds or group sizes the table lacks, A100) uses the
+alpha-beta model below.
 
 Sources, by field
 -----------------
@@ -26,10 +40,23 @@ datasheets star):
   600 GB/s (300 GB/s each way); A100 has no FP8, so FP8 dots run at the BF16
   rate. The A100 and H100 bandwidths agree with the GpuTargetConfigProto files
   in ``xla_streams/targets/`` (``memory_bandwidth``).
-- ``network_bandwidth``: one NIC per GPU in a DGX. DGX H100/H200 user guide:
+- B200 (NVIDIA DGX B200 / HGX B200 datasheets, per GPU = board / 8, dense =
+  sparse / 2): FP4 18 PFLOPS sparse, FP8 and INT8 9 sparse = 4.5 dense, BF16/FP16
+  4.5 sparse = 2.25 dense, TF32 2.25 sparse = 1.125 dense, FP64 37 TFLOPS (296
+  per board); HBM3e 8 TB/s (64 TB/s per board); fifth-generation NVLink 1.8 TB/s
+  (900 GB/s each way).
+- GB200 (NVIDIA GB200 NVL72 datasheet, per GPU = rack / 72, dense = sparse / 2):
+  FP8 and INT8 720 PFLOPS sparse per rack = 5 dense per GPU, BF16/FP16 360 = 2.5,
+  TF32 180 = 1.25, FP64 3,240 TFLOPS = 45 per GPU; HBM3e 576 TB/s = 8 TB/s per
+  GPU; NVLink 130 TB/s = 1.8 TB/s per GPU (900 GB/s each way) across all 72.
+- ``network_bandwidth``: one NIC per GPU. DGX H100/H200 user guide:
   8 x ConnectX-7 at 400 Gb/s (NDR InfiniBand) = 50 GB/s per GPU each way.
-  DGX A100 user guide: 8 x ConnectX-6 at 200 Gb/s (HDR) = 25 GB/s per GPU.
-- ``devices_per_host``: 8 GPUs per DGX/HGX board.
+  DGX A100 user guide: 8 x ConnectX-6 at 200 Gb/s (HDR) = 25 GB/s per GPU. DGX
+  B200 user guide: 8 x ConnectX-7 at 400 Gb/s. GB200 NVL72: one 400 Gb/s
+  ConnectX-7 per GPU for the compute fabric (DGX GB200 user guide: four per
+  compute tray of four GPUs).
+- ``devices_per_host``: 8 GPUs per DGX/HGX board; 72 for GB200 NVL72, whose
+  NVLink spans the rack (the model's "host" is the NVLink domain).
 
 NCCL's own cost model (``src/graph/tuning.cc`` of NVIDIA/nccl as of commit
 01afd20: the ``baseLat`` and ``hwLat`` tables, microseconds, and the LL
@@ -48,9 +75,14 @@ correct whole kernel classes with measured ratios: ``calibration.py``):
 
 - ``matrix_efficiency`` 0.7: large GEMMs reach about 70% of dense tensor-core peak.
 - ``memory_efficiency`` 0.8: streaming kernels reach about 80% of HBM peak.
-- ``link_efficiency`` 0.8: NCCL's bus bandwidth is about 80% of the link's peak
-  (NCCL-tests' all-reduce busbw on DGX H100 is in the 350-370 GB/s range against
-  450 GB/s; NCCL's model caps A100 at 235 GB/s of 300).
+- ``link_efficiency`` 0.8, NVLink: NCCL's bus bandwidth is about 80% of the
+  link's peak (sjeaugey in NVIDIA/nccl-tests#212: "With the protocol overhead
+  (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s" of 450 on H100;
+  NCCL's model caps A100 at 235 GB/s of 300).
+- ``network_efficiency`` 0.94, the network, on its own: nccl-tests busbw per
+  400 Gb/s NDR NIC is 46-48 GB/s of 50 (AddyLaddy in NVIDIA/nccl-tests#290 and
+  #319), 47/50. So a 27 MiB all-gather over 4 hosts (one GPU each) takes
+  about 490 us: ring latency 37 us plus 3/4 x 27 MiB at 47 GB/s.
 - ``kernel_overhead`` 2 us: the smallest time a kernel occupies the stream
   (launch gap plus the tail of a tiny grid).
 - f32 dots run on TF32 tensor cores: XLA:GPU's default precision for f32
@@ -65,7 +97,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xla_streams.simulate.measured import (
+    CollectiveTable,
+    PerfTable,
+    PerfTableError,
+    default_perf_table,
+    load_perf_table,
+)
+
 TERA = 1e12
+PETA = 1e15
 GIGA = 1e9
 MICRO = 1e-6
 
@@ -141,12 +182,17 @@ class Target:
     protocols: dict[str, Protocol] = field(default_factory=lambda: dict(DEFAULT_PROTOCOLS))
     matrix_efficiency: float = 0.7
     memory_efficiency: float = 0.8
-    link_efficiency: float = 0.8
+    link_efficiency: float = 0.8  # NVLink
+    network_efficiency: float = 0.94
     kernel_overhead: float = 2.0 * MICRO
     sources: tuple[str, ...] = field(default=())
     # Measured / predicted time per kernel class ("matmul", "memory") and collective
     # kind, from a calibration file (calibration.py); a class not listed keeps 1.
     calibration: dict[str, float] = field(default_factory=dict)
+    # The GPU's key in XLA's collective performance table (None: no measurements).
+    perf_table_key: str | None = None
+    # A user's own table (load_perf_table); None: the one vendored from XLA.
+    perf_table: PerfTable | None = None
 
     @property
     def description(self) -> str:
@@ -172,8 +218,18 @@ class Target:
 
     def link_bandwidth(self, network: bool) -> float:
         """Achievable bytes/s per GPU each way over NVLink or the network."""
-        peak = self.network_bandwidth if network else self.nvlink_bandwidth
-        return peak * self.link_efficiency
+        if network:
+            return self.network_bandwidth * self.network_efficiency
+        return self.nvlink_bandwidth * self.link_efficiency
+
+    def measured_collectives(self) -> CollectiveTable | None:
+        """XLA's measured collective times for this GPU (``perf_table``, else the
+        vendored table), or None when the target has no ``perf_table_key``.
+        PerfTableError when a user's table lacks the key."""
+        if self.perf_table_key is None:
+            return None
+        table = self.perf_table if self.perf_table is not None else default_perf_table()
+        return table.for_device(self.perf_table_key, self.devices_per_host)
 
 
 H100 = Target(
@@ -193,7 +249,10 @@ H100 = Target(
         "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column",
         "NVIDIA DGX H100 user guide: 8x ConnectX-7 400 Gb/s",
         "NVIDIA/nccl src/graph/tuning.cc baseLat/hwLat (Simple protocol)",
+        "NVIDIA/nccl-tests#290, #319: 46-48 GB/s busbw per 400 Gb/s NIC",
+        "XLA's collective performance table, sm_90 (measured on H100)",
     ),
+    perf_table_key="sm_90",
 )
 
 H200 = dataclasses.replace(
@@ -205,6 +264,8 @@ H200 = dataclasses.replace(
         "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column",
         "NVIDIA DGX H200 user guide: 8x ConnectX-7 400 Gb/s",
         "NVIDIA/nccl src/graph/tuning.cc baseLat/hwLat (Simple protocol)",
+        "NVIDIA/nccl-tests#290, #319: 46-48 GB/s busbw per 400 Gb/s NIC",
+        "XLA's collective performance table, sm_90 (H100's NVLink 4, as XLA uses it)",
     ),
 )
 
@@ -227,7 +288,52 @@ A100 = Target(
     ),
 )
 
-TARGETS: dict[str, Target] = {t.name: t for t in (H100, A100, H200)}
+B200 = Target(
+    name="b200",
+    gpu="NVIDIA B200 (HGX/DGX B200)",
+    matrix_flops={
+        "fp64": 37 * TERA,
+        "tf32": 1.125 * PETA,
+        "bf16": 2.25 * PETA,
+        "fp8": 4.5 * PETA,
+        "int8": 4.5 * PETA,
+    },
+    memory_bandwidth=8 * TERA,
+    nvlink_bandwidth=900 * GIGA,
+    network_bandwidth=50 * GIGA,
+    sources=(
+        "NVIDIA DGX B200 / HGX B200 datasheets, per GPU",
+        "NVIDIA DGX B200 user guide: 8x ConnectX-7 400 Gb/s",
+        "NVIDIA/nccl src/graph/tuning.cc baseLat/hwLat (Simple protocol)",
+        "XLA's collective performance table, sm_100_B200",
+    ),
+    perf_table_key="sm_100_B200",
+)
+
+GB200 = Target(
+    name="gb200",
+    gpu="NVIDIA GB200 (NVL72 rack)",
+    matrix_flops={
+        "fp64": 45 * TERA,
+        "tf32": 1.25 * PETA,
+        "bf16": 2.5 * PETA,
+        "fp8": 5 * PETA,
+        "int8": 5 * PETA,
+    },
+    memory_bandwidth=8 * TERA,
+    nvlink_bandwidth=900 * GIGA,
+    network_bandwidth=50 * GIGA,
+    devices_per_host=72,
+    sources=(
+        "NVIDIA GB200 NVL72 datasheet, per GPU (rack / 72)",
+        "NVIDIA DGX GB200 user guide: a 400 Gb/s ConnectX-7 per GPU",
+        "NVIDIA/nccl src/graph/tuning.cc baseLat/hwLat (Simple protocol)",
+        "XLA's collective performance table, sm_100_GB200",
+    ),
+    perf_table_key="sm_100_GB200",
+)
+
+TARGETS: dict[str, Target] = {t.name: t for t in (H100, A100, H200, B200, GB200)}
 
 
 class TargetError(ValueError):
@@ -273,6 +379,20 @@ def target_with_overrides(
             changes[key] = _protocols(current, value, origin)
         elif key == "sources":
             changes[key] = tuple(str(s) for s in value)
+        elif key == "perf_table_key":
+            if value is not None and not isinstance(value, str):
+                raise TargetError(f"{origin}: perf_table_key must be a string or null")
+            changes[key] = value
+        elif key == "perf_table":
+            if value is None:
+                changes[key] = None
+            elif not isinstance(value, str):
+                raise TargetError(f"{origin}: perf_table must be the path of a table or null")
+            else:
+                try:
+                    changes[key] = load_perf_table(_relative_to(value, origin))
+                except PerfTableError as e:
+                    raise TargetError(f"{origin}: perf_table: {e}") from None
         elif isinstance(current, str):
             changes[key] = str(value)
         elif (
@@ -320,6 +440,24 @@ def _protocols(current: dict[str, Protocol], value: Any, origin: str) -> dict[st
     if not result:
         raise TargetError(f"{origin}: at least one protocol must remain")
     return result
+
+
+def with_perf_table(target: Target, table: PerfTable | str | Path | None) -> Target:
+    """``target`` pricing its collectives from ``table`` (a table or its path, in XLA's
+    format; None: the vendored one). The table must have the target's key."""
+    if isinstance(table, str | Path):
+        table = load_perf_table(table)
+    changed = dataclasses.replace(target, perf_table=table)
+    changed.measured_collectives()  # a PerfTableError now, not mid-simulation
+    return changed
+
+
+def _relative_to(path: str, origin: str) -> Path:
+    """``path`` as written in a target file: relative to that file's folder."""
+    p = Path(path)
+    if p.is_absolute() or origin == "overrides":
+        return p
+    return Path(origin).parent / p
 
 
 def _is_number(value: Any) -> bool:

@@ -3,7 +3,8 @@ chrome://tracing and TensorBoard's trace viewer.
 
 Each simulated configuration is one process (``pid``); its lanes are threads
 (``tid``) named by ``thread_name`` metadata: ``compute`` first, then
-``collective stream 0`` ... and ``p2p stream``. Every instruction and collective
+``collective stream 0`` ..., ``side compute stream 0`` ... (async fusions) and
+``p2p stream``. Every instruction and collective
 is a complete event (``"ph": "X"``) with its name, ``cat`` (its kind), start
 ``ts`` and ``dur`` in microseconds, and ``args`` holding the kind, bytes and
 predicted time.
@@ -18,6 +19,7 @@ from typing import Any
 from xla_streams.simulate.simulator import (
     COMPUTE_LANE,
     P2P_LANE,
+    SIDE_COMPUTE_LANE,
     SimResult,
     lane_name,
 )
@@ -27,11 +29,14 @@ _US = 1e6
 
 
 def lane_tid(lane: int) -> int:
-    """Thread id of a lane: compute 0, collective stream k at k + 1, P2P last."""
+    """Thread id of a lane: compute 0, collective stream k at k + 1, then the side
+    compute streams, P2P last."""
     if lane == COMPUTE_LANE:
         return 0
     if lane == P2P_LANE:
         return 1 << 20
+    if lane <= SIDE_COMPUTE_LANE:
+        return (1 << 19) + SIDE_COMPUTE_LANE - lane
     return lane + 1
 
 

@@ -1,24 +1,11 @@
 // Shared by the host and CUDA backends: the attributes lower-to-ffi writes into
 // each custom call, element types, reductions, configuration and the trace.
 //
-// Attributes of `xla_streams_start` (an MLIR dictionary in backend_config):
-//   op_id : i64          unique per start in the module
-//   name : string        the start's instruction name (for messages)
-//   kind : string        all-reduce | all-gather | reduce-scatter | all-to-all |
-//                        collective-permute
-//   stream : i64         collective stream 0..K-1
-//   reduction : string   add | multiply | min | max | and | or | "" (none)
-//   groups : array<i64>  device groups, flattened, as logical ids
-//                        (replica * num_partitions + partition); for
-//                        collective-permute the (source, target) pairs
-//   group_sizes : array<i64>
-//   dimension : i64      gather/scatter/split dimension, -1 if none
-//   outer : array<i64>   per operand: blocks in memory before `dimension`
-//                        (the product of the more major physical dimensions)
-//   channel : i64        channel_id, 0 if none
-//   num_partitions : i64
-//   device_ids : array<i64>  (CUDA) device id of each logical id; empty: identity
-// `xla_streams_done` carries op_id, name, kind and stream.
+// The custom calls' attributes (names, types, meanings) are defined once, in
+// xla_streams/runtime/abi.py (CollectiveCall): `xla_streams_start` carries all of
+// them as an MLIR dictionary in backend_config, `xla_streams_done` op_id, name,
+// kind and stream. DecodeAttrs below reads them; tests/runtime/test_abi.py checks
+// that the two name the same attributes with the same types.
 #pragma once
 
 #include <algorithm>
@@ -215,7 +202,7 @@ inline std::string JoinIds(const std::vector<int64_t>& ids) {
 // ---------------------------------------------------------------------------
 // Configuration and trace, one instance per library.
 
-// The timeout's bounds, as Python's runtime.MIN_TIMEOUT_S and MAX_TIMEOUT_S
+// The timeout's bounds, as Python's abi.MIN_TIMEOUT_S and abi.MAX_TIMEOUT_S
 // (Python checks XLA_STREAMS_TIMEOUT_S and sets the timeout when it loads the
 // library): at most a week, so that NowNs() + TimeoutNs() cannot overflow.
 constexpr int64_t kMinTimeoutMs = 1;

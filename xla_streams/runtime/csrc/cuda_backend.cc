@@ -831,26 +831,25 @@ ffi::Error CudaDone(cudaStream_t compute, ffi::RunId run, int32_t ordinal, ffi::
   return Guarded("done", [&] { return CudaDoneImpl(compute, run, ordinal, args, rets, attrs); });
 }
 
+// Start and done take the same context, operands, results and attributes.
+auto CollectiveBinding() {
+  return xla::ffi::Ffi::Bind()
+      .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+      .Ctx<xla::ffi::RunId>()
+      .Ctx<xla::ffi::DeviceOrdinal>()
+      .RemainingArgs()
+      .RemainingRets()
+      .Attrs();
+}
+
 }  // namespace
 }  // namespace xs::cuda
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(xla_streams_cuda_start, xs::cuda::CudaStart,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<xla::ffi::RunId>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attrs());
+                              xs::cuda::CollectiveBinding());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(xla_streams_cuda_done, xs::cuda::CudaDone,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<xla::ffi::RunId>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attrs());
+                              xs::cuda::CollectiveBinding());
 
 extern "C" {
 // Waits for the CUDA events of finished collectives and adds them to the trace.

@@ -1049,24 +1049,24 @@ ffi::Error HostCompute(int32_t device_ordinal, ffi::AnyBuffer in, ffi::Result<ff
   return ffi::Error::Success();
 }
 
+// Start and done take the same context, operands, results and attributes.
+auto CollectiveBinding() {
+  return xla::ffi::Ffi::Bind()
+      .Ctx<xla::ffi::RunId>()
+      .Ctx<xla::ffi::DeviceOrdinal>()
+      .RemainingArgs()
+      .RemainingRets()
+      .Attrs();
+}
+
 }  // namespace
 }  // namespace xs::host
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(xla_streams_host_start, xs::host::HostStart,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::RunId>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attrs());
+                              xs::host::CollectiveBinding());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(xla_streams_host_done, xs::host::HostDone,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::RunId>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attrs());
+                              xs::host::CollectiveBinding());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(xla_streams_host_compute, xs::host::HostCompute,
                               xla::ffi::Ffi::Bind()

@@ -1,0 +1,104 @@
+"""The model's stated errors: how far each of its inputs may be off, and where that
+bound comes from. ``ranges.predict_range`` re-simulates with every input at the
+optimistic end, then at the pessimistic end, to give a low and a high step time.
+
+Each bound is a factor on a *time* (a bandwidth error is its inverse), low end
+first:
+
+- ``matmul`` [0.85, 1.25]: matmul kernels are priced at 70% of dense tensor-core
+  peak (``targets.py``). cuBLAS BF16 GEMMs on H100 SXM reach 600-800 TFLOPS of
+  989 (61-81%) when large; small and skinny ones fall well short of 70%, which
+  the longer high end allows for.
+- ``memory`` [0.9, 1.3]: memory-bound kernels at 80% of HBM peak. Streaming
+  copies reach 85-90% on H100 (about 2.9-3.0 of 3.35 TB/s); short kernels lose
+  more to their launch and tail than the 2 us overhead the model adds.
+- ``nvlink`` [0.8, 1.2]: NVLink collectives of the alpha-beta model run at 80%
+  of 450 GB/s = 360 GB/s. nccl-tests show 370 GB/s busbw for rings (sjeaugey,
+  NVIDIA/nccl-tests#212) and up to 480 GB/s for NVLink SHARP all-reduce
+  (NVIDIA/nccl#1374, GTC S62129): 0.75x-1.0x of the modelled time; below a few
+  MiB, fewer channels and protocol switches lower it further.
+- ``network`` [0.98, 1.1]: 47 GB/s per 400 Gb/s NIC, from 46-48 GB/s busbw
+  (AddyLaddy, NVIDIA/nccl-tests#290 and #319): 0.98x-1.02x; a congested or
+  misconfigured fabric is slower (44.3 GB/s in NVIDIA/nccl-tests#319), so the
+  high end is 1.1x.
+- ``latency`` [0.8, 2.0]: the per-step latencies of NCCL's own tuner
+  (``tuning.cc``, ``targets.py``) price collectives the table does not cover.
+  XLA's table measures small collectives at 1.5-4x what those latencies add up
+  to (an 8-GPU all-reduce of 64 KiB: 39.7 us measured), hence the long high end.
+- ``table_small`` [0.7, 1.4] and ``table_large`` [0.85, 1.1]: collectives priced
+  from XLA's measured table (``measured.py``). Below 1 MiB its points are noisy
+  and not monotonic (8-GPU all-reduce: 49.3 us at 1 KiB, 36.0 us at 2 KiB;
+  all-to-all 65.0 us at 32 KiB, 23.7 us at 64 KiB): +-30-40%. From 1 MiB they
+  are smooth; 1 GiB 8-GPU all-reduce is 398 GB/s busbw against 480 GB/s that
+  NVLink SHARP reaches, so real runs may be faster.
+- ``profiled`` [0.95, 1.05]: times from the program's own PGLE profile
+  (``profile.py``) vary run to run by a few percent (JAX aggregates several
+  profiled runs at the 90th percentile).
+- ``interference`` [0, 0.15]: the model runs a collective beside compute for
+  free. On the GPU NCCL's kernels take SMs (16-32 channels, one SM each, of
+  H100's 132: 12-24%) and HBM bandwidth from the kernels they overlap, so real
+  overlap is worse: at the high end every compute kernel that starts while a
+  collective is in flight takes 15% longer. The low end and the expected value
+  assume none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ErrorBound:
+    """One input's relative error: the factor on its time at each end, and why."""
+
+    name: str
+    low: float
+    high: float
+    source: str
+
+
+MODEL_ERRORS: tuple[ErrorBound, ...] = (
+    ErrorBound("matmul", 0.85, 1.25, "cuBLAS GEMMs reach 61-81% of dense peak; model: 70%"),
+    ErrorBound("memory", 0.9, 1.3, "streaming kernels reach 85-90% of HBM peak; model: 80%"),
+    ErrorBound("nvlink", 0.8, 1.2, "nccl-tests 370 (ring) - 480 (NVLS) GB/s; model: 360"),
+    ErrorBound("network", 0.98, 1.1, "nccl-tests 46-48 GB/s per 400G NIC; model: 47"),
+    ErrorBound("latency", 0.8, 2.0, "XLA's table: small collectives 1.5-4x NCCL's latencies"),
+    ErrorBound("table_small", 0.7, 1.4, "XLA's table below 1 MiB: noisy, +-30-40%"),
+    ErrorBound("table_large", 0.85, 1.1, "XLA's table from 1 MiB: smooth; NVLS can beat it"),
+    ErrorBound("profiled", 0.95, 1.05, "PGLE profile: run-to-run noise"),
+    ErrorBound("interference", 0.0, 0.15, "NCCL takes 12-24% of H100's SMs while it runs"),
+)
+# Measured-table collectives of at least this many bytes use ``table_large``.
+TABLE_SMOOTH_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class ErrorScale:
+    """Factors the simulator applies to its costs (all 1 and no interference: the model
+    as it stands). Time factors, except ``interference``: the fraction by which a
+    compute kernel that starts while a collective is in flight slows down."""
+
+    matmul: float = 1.0
+    memory: float = 1.0
+    nvlink: float = 1.0
+    network: float = 1.0
+    latency: float = 1.0
+    table_small: float = 1.0
+    table_large: float = 1.0
+    profiled: float = 1.0
+    interference: float = 0.0
+
+    @classmethod
+    def at(cls, end: str, bounds: tuple[ErrorBound, ...] = MODEL_ERRORS) -> ErrorScale:
+        """Every input at its ``"low"`` or ``"high"`` end."""
+        if end not in ("low", "high"):
+            raise ValueError(f"end must be 'low' or 'high', not {end!r}")
+        return cls(**{b.name: getattr(b, end) for b in bounds})
+
+    @property
+    def neutral(self) -> bool:
+        return self == ErrorScale()
+
+    def compute(self, kind: str) -> float:
+        """The factor on a modelled compute kernel of class ``kind``."""
+        return self.matmul if kind == "matmul" else self.memory if kind == "memory" else 1.0

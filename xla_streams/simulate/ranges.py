@@ -1,0 +1,104 @@
+"""How sure a prediction is: the step time re-simulated with the model's stated errors.
+
+``predict_range(simulator, assignment)`` replays the module three times: as
+modelled (the expected value), with every input at the optimistic end of its
+error bound (low), and with every input at the pessimistic end plus
+interference (high: compute kernels that start while a collective is in flight
+slow down, as NCCL takes SMs and HBM bandwidth from them). The bounds, each with
+its source, are in ``errors.py`` (:data:`~xla_streams.simulate.errors.MODEL_ERRORS`):
+
+==============  =============  ===================================================
+input           factor on time source
+==============  =============  ===================================================
+matmul          0.85 - 1.25    cuBLAS GEMMs reach 61-81% of dense peak; model 70%
+memory          0.9 - 1.3      streaming kernels 85-90% of HBM peak; model 80%
+nvlink          0.8 - 1.2      nccl-tests 370 (ring) - 480 (NVLS) GB/s; model 360
+network         0.98 - 1.1     nccl-tests 46-48 GB/s per 400G NIC; model 47
+latency         0.8 - 2.0      XLA's table: small collectives 1.5-4x NCCL's latencies
+table_small     0.7 - 1.4      XLA's measured table below 1 MiB: noisy
+table_large     0.85 - 1.1     XLA's measured table from 1 MiB
+profiled        0.95 - 1.05    the program's own PGLE profile: run-to-run noise
+interference    0 - 0.15       NCCL's 16-32 channels take 12-24% of H100's SMs
+==============  =============  ===================================================
+
+All inputs move together, so the range is an envelope (errors that partly cancel
+in reality add up here), not a confidence interval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xla_streams.collectives import StreamAssignment
+from xla_streams.passes.assign_streams import assign_streams
+from xla_streams.simulate.errors import MODEL_ERRORS, ErrorBound, ErrorScale
+from xla_streams.simulate.simulator import SimResult, Simulator
+
+
+@dataclass(frozen=True)
+class PredictionRange:
+    """Step time and exposed communication (seconds) at the optimistic end, as modelled,
+    and at the pessimistic end; the bounds that made the ends."""
+
+    low: float
+    expected: float
+    high: float
+    exposed_low: float
+    exposed_expected: float
+    exposed_high: float
+    bounds: tuple[ErrorBound, ...] = MODEL_ERRORS
+
+    def to_json(self) -> dict[str, object]:
+        """The range in milliseconds, as a report's JSON holds it."""
+        return {
+            "step_ms": {
+                "low": self.low * 1e3,
+                "expected": self.expected * 1e3,
+                "high": self.high * 1e3,
+            },
+            "exposed_communication_ms": {
+                "low": self.exposed_low * 1e3,
+                "expected": self.exposed_expected * 1e3,
+                "high": self.exposed_high * 1e3,
+            },
+            "errors": {
+                b.name: {"low": b.low, "high": b.high, "source": b.source} for b in self.bounds
+            },
+        }
+
+
+def predict_range(
+    simulator: Simulator,
+    assignment: StreamAssignment | None = None,
+    *,
+    bounds: tuple[ErrorBound, ...] = MODEL_ERRORS,
+) -> PredictionRange:
+    """The step time of ``simulator``'s module under ``assignment`` (default: one
+    collective stream, what XLA does) as modelled, and re-simulated with every input
+    at each end of its error bound. The simulator's measured costs (a profile) carry
+    their own, smaller, bound."""
+    if assignment is None:
+        assignment = assign_streams(simulator.pairs, 1, "interval")
+    expected = simulator.run(assignment)
+    ends = [_at(simulator, ErrorScale.at(end, bounds), assignment) for end in ("low", "high")]
+    low, high = ends
+    return PredictionRange(
+        low=min(low.step_time, expected.step_time),
+        expected=expected.step_time,
+        high=max(high.step_time, expected.step_time),
+        exposed_low=min(low.exposed_communication, expected.exposed_communication),
+        exposed_expected=expected.exposed_communication,
+        exposed_high=max(high.exposed_communication, expected.exposed_communication),
+        bounds=bounds,
+    )
+
+
+def _at(simulator: Simulator, errors: ErrorScale, assignment: StreamAssignment) -> SimResult:
+    other = Simulator(
+        simulator.module,
+        simulator.target,
+        simulator.pairs,
+        measured=simulator.measured,
+        errors=errors,
+    )
+    return other.run(assignment)

@@ -1,0 +1,171 @@
+"""The tuner's disk cache of compiled candidates: a second ``xla-streams tune`` of an
+unchanged program compiles nothing.
+
+An entry is what one deviceless compile gave (the scheduled module's text and XLA's
+memory figures, or XLA's refusal of the options), stored under a key that is the
+SHA-256 of everything the compile depends on:
+
+- the program: the SHA-256 of its StableHLO text, the ids of the devices it is
+  assigned to and the compiler options ``jax.jit`` was given;
+- the target: the SHA-256 of its GpuTargetConfigProto text and the topology shape;
+- the compiler: the versions of every installed ``jax*`` distribution (jax, jaxlib,
+  the CUDA plugin) and what the process's environment tells XLA and JAX
+  (``XLA_FLAGS`` and the ``JAX_*`` settings that change a compile);
+- the candidate's options, every searched one spelled out.
+
+Files are ``<folder>/<key[:2]>/<key>.json.gz``, written atomically (a temporary file
+beside it, then a rename), so concurrent tuners share a folder safely. An entry that
+cannot be read is treated as missing. JAX-free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import importlib.metadata
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE_SCHEMA = "xla_streams.tune_cache.v1"
+# Where the cache lives unless told otherwise (--cache-dir, cache_dir=).
+CACHE_ENV = "XLA_STREAMS_CACHE_DIR"
+# JAX settings from the environment that do not change what XLA compiles.
+_NEUTRAL_JAX_ENV = frozenset(
+    {
+        "JAX_PLATFORMS",
+        "JAX_DUMP_IR_TO",
+        "JAX_DUMP_IR_MODES",
+        "JAX_INCLUDE_DEBUG_INFO_IN_DUMPS",
+        "JAX_COMPILATION_CACHE_DIR",
+        "JAX_ENABLE_COMPILATION_CACHE",
+        "JAX_LOGGING_LEVEL",
+        "JAX_TRACEBACK_FILTERING",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """One candidate's deviceless compile: the scheduled module as ``compiled.as_text()``
+    prints it, XLA's memory figures per GPU (argument, output, alias, temp, heap peak),
+    the seconds the compile took, and whether it came from the cache."""
+
+    text: str
+    memory: tuple[int, int, int, int, int]
+    compile_s: float
+    cached: bool = False
+
+
+class Refused(Exception):
+    """XLA refused to compile the program with these options (its first line)."""
+
+
+def default_folder() -> Path:
+    """``$XLA_STREAMS_CACHE_DIR``, else ``$XDG_CACHE_HOME/xla_streams/tune``, else
+    ``~/.cache/xla_streams/tune``."""
+    chosen = os.environ.get(CACHE_ENV)
+    if chosen:
+        return Path(chosen)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "xla_streams" / "tune"
+
+
+def compiler_identity() -> dict[str, object]:
+    """What, besides the program and the options, decides what XLA compiles here."""
+    versions = {}
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name == "jax" or name.startswith(("jax-", "jaxlib")):
+            versions[name] = dist.version
+    env = {
+        k: v
+        for k, v in sorted(os.environ.items())
+        if k == "XLA_FLAGS" or (k.startswith("JAX_") and k not in _NEUTRAL_JAX_ENV)
+    }
+    return {"versions": dict(sorted(versions.items())), "environment": env}
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class CompileCache:
+    """Compiled candidates on disk, under ``folder`` (see the module docstring)."""
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        self.folder = Path(folder)
+        self.hits = 0
+        self.stores = 0
+
+    def key(self, base: Mapping[str, object], options: Mapping[str, object]) -> str:
+        """The key of compiling the program ``base`` describes with ``options``."""
+        material = {
+            "schema": CACHE_SCHEMA,
+            "base": base,
+            "options": {k: [type(v).__name__, v] for k, v in sorted(options.items())},
+        }
+        return digest(json.dumps(material, sort_keys=True, default=str))
+
+    def _path(self, key: str) -> Path:
+        return self.folder / key[:2] / f"{key}.json.gz"
+
+    def has(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def load(self, key: str) -> Compiled | Refused | None:
+        """The entry under ``key``: a compile, XLA's refusal, or None (none or unreadable)."""
+        try:
+            with gzip.open(self._path(key), "rt", encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, EOFError, ValueError, RecursionError):
+            return None
+        if not isinstance(data, dict) or data.get("schema") != CACHE_SCHEMA:
+            return None
+        if isinstance(data.get("refused"), str):
+            self.hits += 1
+            return Refused(data["refused"])
+        text, memory, seconds = data.get("text"), data.get("memory"), data.get("compile_s")
+        if (
+            not isinstance(text, str)
+            or not isinstance(memory, list)
+            or len(memory) != 5
+            or not all(isinstance(m, int) for m in memory)
+            or not isinstance(seconds, int | float)
+        ):
+            return None
+        self.hits += 1
+        m = memory
+        return Compiled(text, (m[0], m[1], m[2], m[3], m[4]), float(seconds), cached=True)
+
+    def store(self, key: str, value: Compiled | Refused) -> None:
+        """Write ``value`` under ``key``; a folder that cannot be written is skipped (the
+        cache only saves time)."""
+        if isinstance(value, Refused):
+            data: dict[str, object] = {"schema": CACHE_SCHEMA, "refused": str(value)}
+        else:
+            data = {
+                "schema": CACHE_SCHEMA,
+                "text": value.text,
+                "memory": list(value.memory),
+                "compile_s": value.compile_s,
+            }
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, temporary = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+            try:
+                with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb") as f:
+                    f.write(json.dumps(data).encode("utf-8"))
+                os.replace(temporary, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
+                raise
+        except OSError:
+            return
+        self.stores += 1

@@ -1,0 +1,632 @@
+"""The JAX side of the tuner: get a program's StableHLO (from its builder, a
+``jax.stages.Lowered``, JAX's own dump or a saved file), compile it deviceless for a
+compile-only GPU topology under each candidate's options (:mod:`~xla_streams.tuning.compiling`),
+and run the search (:mod:`xla_streams.tuning.search`). :func:`tune` is ``xla_streams.tune``.
+
+Four ways in, one search:
+
+- :func:`tune`: ``build(devices)`` gets the topology's GPUs in host-major order
+  (device d is on host d // devices_per_host) and returns either
+  ``(jitted_fn, abstract_args)`` (the contract of :mod:`xla_streams.programs`;
+  ``abstract_args`` are ``jax.ShapeDtypeStruct``\\ s sharded over the devices) or
+  a ``jax.stages.Lowered`` (``jax.jit(step).lower(...)``, e.g. of a Flax NNX
+  ``nnx.jit`` step on ``nnx.eval_shape`` state under ``jax.set_mesh``);
+- :func:`tune_lowered`: a ``jax.stages.Lowered`` already lowered for the topology;
+- :func:`tune_stablehlo`: StableHLO text (``lowered.as_text()``, a dump file);
+- :func:`tune_path`: a ``JAX_DUMP_IR_TO`` folder or a StableHLO file
+  (:mod:`~xla_streams.tuning.sources`): no Python of the program needed.
+
+The topology mimics the cluster: ``devices_per_host`` GPUs per host, and
+``hosts_per_domain`` hosts per NVLink (scale-up) domain: 1 on H100/H200 HGX
+clusters (each host its own partition, as a real job's topology has it), more
+on multi-node NVLink systems (GB200 NVL72); None: every host in one domain.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from xla_streams import aot, jax_compat
+from xla_streams.collectives import MAX_STREAMS, STREAM_COUNTS, check_streams
+from xla_streams.hlo.module import MAX_DEVICES
+from xla_streams.simulate import (
+    CalibrationError,
+    PerfTableError,
+    Profile,
+    ProfileError,
+    Target,
+    get_target,
+    load_calibration,
+    load_perf_table,
+    load_profile,
+    with_perf_table,
+)
+from xla_streams.tuning.cache import CompileCache, default_folder
+from xla_streams.tuning.compiling import (
+    CachedCompiler,
+    CallableCompiler,
+    Compiler,
+    LocalCompiler,
+    PoolCompiler,
+    ProgramSource,
+    default_jobs,
+)
+from xla_streams.tuning.levers import LEVER_NAMES, Lever, levers
+from xla_streams.tuning.result import (
+    DEFAULT_BUDGET_S,
+    DEFAULT_HEADROOM,
+    DEFAULT_SCRIPT,
+    TuneError,
+    TuneResult,
+    first_line,
+)
+from xla_streams.tuning.search import Progress, Session, exhaustive, recommend, search
+from xla_streams.tuning.sources import read_program
+
+DEFAULT_BUILDER = "build"
+TARGET_NAMES = tuple(aot.GPU_CONFIGS)  # the GPUs we compile for without one
+# Hosts per NVLink domain unless told: an H100/H200 HGX cluster, each host its own.
+DEFAULT_HOSTS_PER_DOMAIN = 1
+
+Builder = Callable[[Sequence[Any]], Any]
+CacheDir = str | os.PathLike[str] | None | bool
+
+
+# -- targets --------------------------------------------------------------------------------
+
+
+def hbm_bytes(target: str) -> int:
+    """The per-GPU memory of ``target``: ``device_memory_size`` of its XLA target config."""
+    match = re.search(r"device_memory_size: (\d+)", aot.target_config(target))
+    if match is None:
+        raise TuneError(f"no device_memory_size in the target config of {target}")
+    return int(match.group(1))
+
+
+def _simulation_target(
+    target: str,
+    calibration: str | os.PathLike[str] | None,
+    perf_table: str | os.PathLike[str] | None,
+) -> Target:
+    chosen = get_target(target)
+    if perf_table is not None:
+        try:
+            chosen = with_perf_table(chosen, load_perf_table(os.fspath(perf_table)))
+        except (OSError, PerfTableError, ValueError) as e:
+            raise TuneError(f"perf table: {e}") from None
+    if calibration is None:
+        return chosen
+    try:
+        calibrated: Target = load_calibration(os.fspath(calibration)).apply(chosen)
+    except (OSError, CalibrationError, ValueError) as e:
+        raise TuneError(f"calibration: {e}") from None
+    return calibrated
+
+
+def _profile(path: str | os.PathLike[str] | None) -> Profile | None:
+    if path is None:
+        return None
+    try:
+        return load_profile(os.fspath(path))
+    except (OSError, ProfileError, ValueError) as e:
+        raise TuneError(f"profile: {e}") from None
+
+
+def ensure_deviceless() -> None:
+    """Deviceless compiles need JAX_PLATFORMS=cpu before JAX starts its backends."""
+    platforms = os.environ.get("JAX_PLATFORMS")
+    if platforms == "cpu":
+        return
+    if platforms is None and not jax_compat.backends_started():
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        return
+    raise TuneError(
+        "tune compiles without a GPU and needs JAX_PLATFORMS=cpu before JAX starts "
+        f"(it is {platforms!r}); run it in a process of its own"
+    )
+
+
+# -- the program --------------------------------------------------------------------------
+
+
+def load_builder(spec: str) -> tuple[str, Builder]:
+    """``PROGRAM.py[:BUILDER]`` -> (a name for reports, the builder function)."""
+    path, name = spec, DEFAULT_BUILDER
+    head, sep, tail = spec.rpartition(":")
+    if sep and head and re.fullmatch(r"[A-Za-z_]\w*", tail):
+        path, name = head, tail
+    file = Path(path)
+    if not file.is_file():
+        why = "no such file" if not file.exists() else "not a file"
+        raise TuneError(f"cannot read program '{path}': {why}")
+    module_name = f"_xla_streams_tune_{re.sub(r'[^0-9A-Za-z_]', '_', file.stem)}"
+    loader_spec = importlib.util.spec_from_file_location(module_name, file)
+    if loader_spec is None or loader_spec.loader is None:
+        raise TuneError(f"cannot load program '{path}' as Python")
+    module = importlib.util.module_from_spec(loader_spec)
+    folder = str(file.resolve().parent)
+    sys.path.insert(0, folder)
+    sys.modules[module_name] = module
+    try:
+        loader_spec.loader.exec_module(module)
+    except (Exception, SystemExit) as e:
+        sys.modules.pop(module_name, None)
+        raise TuneError(f"program '{path}' failed to load: {first_line(e)}") from None
+    finally:
+        if folder in sys.path:
+            sys.path.remove(folder)
+    builder = getattr(module, name, None)
+    if builder is None:
+        defined = sorted(
+            n
+            for n, v in vars(module).items()
+            if callable(v)
+            and not n.startswith("_")
+            and getattr(v, "__module__", None) == module_name
+        )
+        listed = f" (it defines: {', '.join(defined)})" if defined else ""
+        raise TuneError(f"program '{path}' defines no '{name}'{listed}")
+    if not callable(builder):
+        raise TuneError(f"'{name}' in '{path}' is not a function")
+    return f"{file.name}:{name}", builder
+
+
+def _is_lowered(value: Any) -> bool:
+    """A ``jax.stages.Lowered`` (or anything that prints StableHLO and compiles)."""
+    return callable(getattr(value, "as_text", None)) and callable(getattr(value, "compile", None))
+
+
+def _build(builder: Builder, devices: Sequence[Any], name: str) -> Any:
+    """What ``builder(devices)`` returns, lowered: a ``jax.stages.Lowered``."""
+    try:
+        built = builder(devices)
+    except (Exception, SystemExit) as e:
+        raise TuneError(f"{name}(devices) raised {first_line(e)}") from None
+    if _is_lowered(built):
+        return built
+    if not isinstance(built, tuple | list) or len(built) != 2:
+        got = type(built).__name__ + (
+            f" of {len(built)}" if isinstance(built, tuple | list) else ""
+        )
+        raise TuneError(
+            f"{name}(devices) must return (jitted_fn, abstract_args) or a "
+            f"jax.stages.Lowered, got {got}"
+        )
+    fn, args = built
+    if not callable(fn):
+        raise TuneError(f"{name}(devices) returned {type(fn).__name__} as its function")
+    if not isinstance(args, tuple | list):
+        raise TuneError(
+            f"{name}(devices) must return its abstract arguments as a tuple, got "
+            f"{type(args).__name__}"
+        )
+    import jax  # only here: `xla-streams tune --help` and a tune file need no JAX
+
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    try:
+        return jitted.lower(*args)
+    except Exception as e:
+        raise TuneError(
+            f"lowering the function {name}(devices) returned failed: {first_line(e)}"
+        ) from None
+
+
+# -- tune ---------------------------------------------------------------------------------
+
+
+def tune(
+    build: Builder,
+    *,
+    devices: int,
+    devices_per_host: int = 8,
+    hosts_per_domain: int | None = DEFAULT_HOSTS_PER_DOMAIN,
+    target: str = "h100",
+    budget_s: float = DEFAULT_BUDGET_S,
+    headroom: float = DEFAULT_HEADROOM,
+    calibration: str | os.PathLike[str] | None = None,
+    perf_table: str | os.PathLike[str] | None = None,
+    profile: str | os.PathLike[str] | None = None,
+    program: str | None = None,
+    levers: Sequence[str] | None = None,
+    streams: Sequence[int] = STREAM_COUNTS,
+    progress: TextIO | None = None,
+    script: str = DEFAULT_SCRIPT,
+    jobs: int | None = None,
+    cache_dir: CacheDir = None,
+    ray: str | None = None,
+    exhaustive: bool = False,
+) -> TuneResult:
+    """Search XLA's overlap levers and the collective streams for ``build``'s program.
+
+    ``build(devices)`` gets the ``devices`` GPUs of a compile-only ``target`` topology,
+    ``devices_per_host`` per host, ``hosts_per_domain`` hosts per NVLink domain
+    (default 1: an HGX cluster; None: all hosts in one), in host-major order, and
+    returns ``(jitted_fn, abstract_args)`` or a ``jax.stages.Lowered``. ``levers``
+    restricts the search to those names (:data:`LEVER_NAMES`), in that order;
+    ``streams`` are the stream counts K a recommendation may use; ``progress`` gets one
+    line per step (e.g. ``sys.stderr``); ``script`` is what the printed command runs.
+    ``calibration``, ``perf_table`` (XLA's format) and ``profile`` (a PGLE profile)
+    refine the simulator. ``jobs`` compile processes (default: from the cores and the
+    memory; 0: in this process, where a crash of XLA on a candidate ends the tuner:
+    in a worker it only refuses that candidate), ``cache_dir`` the disk cache of compiles (None: the
+    default folder, False: none), ``ray`` a Ray cluster to compile on (``auto`` or its
+    address). ``exhaustive`` compiles every configuration of the levers instead of
+    searching (their product: for measuring the search, not for everyday use). Raises
+    :class:`TuneError` for bad input. See :mod:`xla_streams.tuning.search` for the method.
+    """
+    start = time.perf_counter()
+    _check_arguments(
+        devices, devices_per_host, hosts_per_domain, target, budget_s, headroom, levers,
+        streams, jobs,
+    )  # fmt: skip
+    if not callable(build):
+        raise TuneError(f"build must be a function of the devices, not {type(build).__name__}")
+    name = str(program or getattr(build, "__name__", "build"))
+    ensure_deviceless()
+    say = Progress(progress, float(budget_s), start)
+    say(f"{name}: {devices} GPUs ({devices_per_host} per host) of {target}")
+    try:
+        topology = aot.gpu_topology(target.lower(), devices, devices_per_host, hosts_per_domain)
+    except (aot.GpuAotUnavailable, ValueError) as e:
+        raise TuneError(str(e)) from None
+    gpus = sorted(topology.devices, key=lambda d: (d.process_index, d.id))
+    lowered = _build(build, gpus, getattr(build, "__name__", "build"))
+    return tune_lowered(
+        lowered,
+        program=name,
+        devices=devices,
+        devices_per_host=devices_per_host,
+        hosts_per_domain=hosts_per_domain,
+        target=target,
+        budget_s=budget_s,
+        headroom=headroom,
+        calibration=calibration,
+        perf_table=perf_table,
+        profile=profile,
+        levers=levers,
+        streams=streams,
+        progress=progress,
+        script=script,
+        jobs=jobs,
+        cache_dir=cache_dir,
+        ray=ray,
+        exhaustive=exhaustive,
+        start=start,
+    )
+
+
+def tune_lowered(
+    lowered: Any,
+    *,
+    program: str,
+    devices: int,
+    devices_per_host: int = 8,
+    hosts_per_domain: int | None = DEFAULT_HOSTS_PER_DOMAIN,
+    target: str = "h100",
+    start: float | None = None,
+    **options: Any,
+) -> TuneResult:
+    """:func:`tune` for a program already lowered for the compile-only topology of
+    ``devices`` (``jax.jit(f).lower(*abstract_args)``, a ``jax.stages.Lowered``, with
+    its arguments on that topology's devices: :func:`xla_streams.aot.gpu_topology` with
+    the same ``devices_per_host`` and ``hosts_per_domain``). Its StableHLO and device
+    assignment are what every candidate compiles (in this or worker processes, cached
+    on disk), byte for byte what ``lowered.compile(compiler_options=...)`` gives.
+
+    Anything else with ``compile(compiler_options=...)`` returning an object with
+    ``as_text()`` and ``memory_analysis()`` is compiled through that, in this process
+    and uncached (a stand-in for tests). ``start`` is when the budget began (default:
+    now); the other keywords are :func:`tune`'s."""
+    start = time.perf_counter() if start is None else start
+    _check_common(devices, devices_per_host, hosts_per_domain, target, options)
+    source = None
+    if _is_lowered(lowered) and hasattr(lowered, "_lowering"):
+        text, ids, jit_options = jax_compat.lowered_compile_inputs(lowered)
+        source = ProgramSource(
+            text, ids, jit_options, target.lower(), devices, devices_per_host, hosts_per_domain
+        )
+        compiler: Compiler | None = None
+    elif callable(getattr(lowered, "compile", None)):
+        compiler = CallableCompiler(lambda o: lowered.compile(compiler_options=o))
+    else:
+        raise TuneError(f"expected a jax.stages.Lowered, got {type(lowered).__name__}")
+    return _tune(
+        source, compiler, program, devices, devices_per_host, hosts_per_domain, target, start,
+        options,
+    )  # fmt: skip
+
+
+def tune_stablehlo(
+    text: str,
+    *,
+    program: str,
+    devices: int | None = None,
+    devices_per_host: int = 8,
+    hosts_per_domain: int | None = DEFAULT_HOSTS_PER_DOMAIN,
+    target: str = "h100",
+    start: float | None = None,
+    notes: Sequence[str] = (),
+    **options: Any,
+) -> TuneResult:
+    """:func:`tune` for StableHLO text (``lowered.as_text()``, a ``JAX_DUMP_IR_TO`` file):
+    its partitions are assigned to the first devices of the topology, host-major.
+    ``devices`` defaults to the module's replicas x partitions, and must equal them
+    when given. The other keywords are :func:`tune`'s."""
+    from xla_streams.tuning.sources import parse_stablehlo
+
+    start = time.perf_counter() if start is None else start
+    module = parse_stablehlo(text, Path(program))
+    if devices is None:
+        devices = module.devices
+    if devices != module.devices:
+        raise TuneError(
+            f"{program}: the module runs on {module.devices} devices ({module.replicas} "
+            f"replica(s) x {module.partitions} partition(s)), not --devices={devices}"
+        )
+    devices_per_host = min(devices_per_host, devices)
+    _check_common(devices, devices_per_host, hosts_per_domain, target, options)
+    source = ProgramSource(
+        text, (), {}, target.lower(), devices, devices_per_host, hosts_per_domain
+    )
+    return _tune(
+        source, None, program, devices, devices_per_host, hosts_per_domain, target, start,
+        options, notes,
+    )  # fmt: skip
+
+
+def tune_path(
+    path: str | os.PathLike[str],
+    *,
+    devices: int | None = None,
+    devices_per_host: int = 8,
+    **options: Any,
+) -> TuneResult:
+    """:func:`tune` for a ``JAX_DUMP_IR_TO`` folder (its training step: the largest module
+    with a matrix multiply; the others are listed in the notes) or a StableHLO file
+    (:mod:`~xla_streams.tuning.sources`). The other keywords are :func:`tune`'s."""
+    start = time.perf_counter()
+    step, others = read_program(path)
+    notes = []
+    if others:
+        shown = "; ".join(m.words() for m in others[:8])
+        more = f" and {len(others) - 8} more" if len(others) > 8 else ""
+        notes.append(
+            f"tuned {step.words()}, the largest module with a dot_general; the folder's "
+            f"other modules: {shown}{more}"
+        )
+    notes.append(
+        "compiled from StableHLO without the program: partition p on GPU p of the "
+        "topology (host-major); a dump of a CPU run was lowered with CPU rules"
+    )
+    return tune_stablehlo(
+        step.text,
+        program=f"{Path(path).name}:{step.name}" if Path(path).is_dir() else Path(path).name,
+        devices=devices,
+        devices_per_host=devices_per_host,
+        start=start,
+        notes=notes,
+        **options,
+    )
+
+
+def _tune(
+    source: ProgramSource | None,
+    compiler: Compiler | None,
+    program: str,
+    devices: int,
+    devices_per_host: int,
+    hosts_per_domain: int | None,
+    target: str,
+    start: float,
+    options: dict[str, Any],
+    notes: Sequence[str] = (),
+) -> TuneResult:
+    budget_s = float(options.get("budget_s", DEFAULT_BUDGET_S))
+    headroom = float(options.get("headroom", DEFAULT_HEADROOM))
+    streams = tuple(options.get("streams", STREAM_COUNTS))
+    lever_names = options.get("levers")
+    script = str(options.get("script", DEFAULT_SCRIPT))
+    target = target.lower()
+    plugin = sys.modules.get("xla_streams.plugin")
+    if plugin is not None and getattr(plugin, "current", lambda: None)() is not None:
+        raise TuneError(
+            "the xla_streams plugin is on in this process and would annotate every "
+            "candidate's module; tune in a process without it (no XLA_STREAMS_* settings)"
+        )
+    sim_target = _simulation_target(target, options.get("calibration"), options.get("perf_table"))
+    profile = _profile(options.get("profile"))
+    say = Progress(options.get("progress"), budget_s, start)
+    cache: CompileCache | None = None
+    if source is not None:
+        compiler, cache = _compiler(source, options, say)
+    assert compiler is not None
+    hbm = hbm_bytes(target)
+    try:
+        sync_on_compute = jax_compat.jax_version() >= (0, 11)
+    except ImportError:
+        sync_on_compute = True
+    hosts = devices // devices_per_host
+    domain = devices_per_host * (hosts if hosts_per_domain is None else hosts_per_domain)
+    shape = aot.topology_shape(devices, devices_per_host, hosts_per_domain)
+    session = Session(
+        compiler=compiler,
+        target=sim_target,
+        domain_size=domain,
+        hbm=hbm,
+        memory_limit=int(hbm * (1.0 - headroom)),
+        budget_s=budget_s,
+        start=start,
+        say=say,
+        streams=streams,
+        sync_on_compute=sync_on_compute,
+        profile=profile,
+    )
+    try:
+        session.start_baseline()
+        assert session.facts is not None
+        chosen, skipped = _levers(session, lever_names, streams)
+        outcome = (
+            exhaustive(session, chosen) if options.get("exhaustive") else search(session, chosen)
+        )
+    finally:
+        compiler.close()
+    extra = list(notes)
+    if cache is not None:
+        extra.append(
+            f"compile cache {cache.folder}: {session.cache_hits} hit(s), "
+            f"{cache.stores} new entr{'y' if cache.stores == 1 else 'ies'}"
+        )
+    result = recommend(
+        session, outcome, program, target, devices, devices_per_host, headroom, skipped,
+        extra, script, shape,
+    )  # fmt: skip
+    say(f"done: {result.verdict}")
+    return result
+
+
+def _compiler(
+    source: ProgramSource, options: dict[str, Any], say: Callable[[str], None]
+) -> tuple[Compiler, CompileCache | None]:
+    """The compiler ``options`` ask for (workers, Ray), behind the disk cache."""
+    ray = options.get("ray")
+    jobs = options.get("jobs")
+    inner: Compiler
+    if ray:
+        from xla_streams.tuning.cluster import RayCompiler
+
+        inner = RayCompiler(source, str(ray), jobs)
+        say(f"compiling on the Ray cluster {ray} ({inner.workers} worker(s))")
+    else:
+        jobs = default_jobs() if jobs is None else int(jobs)
+        inner = LocalCompiler(source) if jobs == 0 else PoolCompiler(source, jobs)
+    cache_dir = options.get("cache_dir")
+    if cache_dir is False or cache_dir == "":
+        return inner, None
+    folder = default_folder() if cache_dir is None or cache_dir is True else Path(cache_dir)
+    cache = CompileCache(folder)
+    return CachedCompiler(inner, cache, source.cache_base()), cache
+
+
+def _levers(
+    session: Session, names: Sequence[str] | None, streams: Sequence[int]
+) -> tuple[list[Lever], list[str]]:
+    """The levers to search, in order, and those skipped with the reason."""
+    assert session.facts is not None
+    every = {lv.name: lv for lv in levers(session.facts, max(streams))}
+    wanted = list(every) if names is None else list(names)
+    chosen, skipped = [], []
+    for name in wanted:
+        lever = every[name]
+        why = lever.skip(session.facts)
+        missing = sorted(lever.options & session.unavailable)
+        if missing:
+            settings = tuple(s for s in lever.settings if not set(s) & session.unavailable)
+            labels = tuple(
+                lb for s, lb in zip(lever.settings, lever.labels, strict=True) if s in settings
+            )
+            lever = Lever(lever.name, settings, labels, lever.skip, lever.with_double_buffering)
+            if len(settings) < 2:
+                why = why or f"this XLA has no option {', '.join(missing)}"
+        if why is None and len(lever.settings) < 2:
+            why = "no setting to try besides XLA's default"
+        if why is not None:
+            skipped.append(f"{name}: {why}")
+            continue
+        chosen.append(lever)
+    return chosen, skipped
+
+
+# -- arguments ------------------------------------------------------------------------------
+
+
+def _check_common(
+    devices: int,
+    devices_per_host: int,
+    hosts_per_domain: int | None,
+    target: str,
+    options: dict[str, Any],
+) -> None:
+    known = {
+        "budget_s", "headroom", "calibration", "perf_table", "profile", "levers", "streams",
+        "progress", "script", "jobs", "cache_dir", "ray", "exhaustive",
+    }  # fmt: skip
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
+    _check_arguments(
+        devices,
+        devices_per_host,
+        hosts_per_domain,
+        target,
+        options.get("budget_s", DEFAULT_BUDGET_S),
+        options.get("headroom", DEFAULT_HEADROOM),
+        options.get("levers"),
+        options.get("streams", STREAM_COUNTS),
+        options.get("jobs"),
+    )
+
+
+def _check_arguments(
+    devices: int,
+    devices_per_host: int,
+    hosts_per_domain: int | None,
+    target: str,
+    budget_s: float,
+    headroom: float,
+    levers: Sequence[str] | None,
+    streams: Sequence[int],
+    jobs: int | None = None,
+) -> None:
+    if not isinstance(target, str) or target.lower() not in TARGET_NAMES:
+        raise TuneError(f"unknown target {target!r}; known: {', '.join(TARGET_NAMES)}")
+    for what, value in (("devices", devices), ("devices_per_host", devices_per_host)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TuneError(f"{what} must be a positive integer, not {value!r}")
+    if devices > MAX_DEVICES:
+        raise TuneError(
+            f"devices={devices}: at most {MAX_DEVICES} (the most devices a module's replica "
+            "groups may address, and so the most a tuned topology may hold)"
+        )
+    if devices_per_host > devices:
+        raise TuneError(f"devices_per_host={devices_per_host} is more than devices={devices}")
+    if devices % devices_per_host:
+        raise TuneError(
+            f"devices={devices} is not a multiple of devices_per_host={devices_per_host}"
+        )
+    if hosts_per_domain is not None:
+        hosts = devices // devices_per_host
+        if isinstance(hosts_per_domain, bool) or not isinstance(hosts_per_domain, int):
+            raise TuneError(f"hosts_per_domain must be an integer, not {hosts_per_domain!r}")
+        if hosts_per_domain < 1 or hosts % hosts_per_domain:
+            raise TuneError(
+                f"hosts_per_domain={hosts_per_domain} does not divide the {hosts} host(s)"
+            )
+    if isinstance(budget_s, bool) or not isinstance(budget_s, int | float) or not budget_s > 0:
+        raise TuneError(f"budget_s must be a positive number of seconds, not {budget_s!r}")
+    if isinstance(headroom, bool) or not isinstance(headroom, int | float) or not 0 <= headroom < 1:
+        raise TuneError(f"headroom must be a fraction from 0 to 1, not {headroom!r}")
+    if levers is not None:
+        unknown = [lv for lv in levers if lv not in LEVER_NAMES]
+        if unknown or not levers or len(set(levers)) != len(levers):
+            raise TuneError(
+                f"levers must be distinct names from: {', '.join(LEVER_NAMES)}; got "
+                f"{', '.join(levers) or 'none'}"
+            )
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0):
+        raise TuneError(f"jobs must be an integer from 0, not {jobs!r}")
+    try:
+        if not streams:
+            raise ValueError("no stream counts")
+        for k in streams:
+            check_streams(k)
+    except ValueError:
+        raise TuneError(
+            f"streams must be integers from 1 to {MAX_STREAMS}, not {list(streams)!r}"
+        ) from None
