@@ -16,13 +16,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import re
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from hypothesis import given, settings
@@ -205,25 +208,24 @@ def test_serialized_counts_what_the_pairwise_sweep_counts(
 # -- hostile modules --------------------------------------------------------------------
 
 
-def module(header: str, starts: list[str], dones: list[str]) -> str:
-    body = "\n".join(f"  {line}" for line in [*starts, "%w = f32[8]{0} exponential(%p)", *dones])
-    last = dones[-1].split(" =", 1)[0]
-    return (
-        f"HloModule hostile, is_scheduled=true, {header}\n\n{HEAD}\n"
-        f"ENTRY %main (p: f32[8]) -> f32[8] {{\n  %p = f32[8]{{0}} parameter(0)\n{body}\n"
-        f"  ROOT %r = f32[8]{{0}} add({last}, %w)\n}}\n"
+def _load_bench_hostile() -> ModuleType:
+    """tools/bench_hostile.py, whose module builders the tests share."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_hostile", REPO / "tools" / "bench_hostile.py"
     )
+    assert spec is not None and spec.loader is not None
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = loaded  # its dataclasses look their module up there
+    spec.loader.exec_module(loaded)
+    return loaded
 
 
-def all_reduces(groups: list[str], channel: bool = True) -> tuple[list[str], list[str]]:
-    starts, dones = [], []
-    for i, g in enumerate(groups):
-        ids = f"channel_id={i + 1}, use_global_device_ids=true, " if channel else ""
-        starts.append(
-            f"%s{i} = f32[8]{{0}} all-reduce-start(%p), {ids}replica_groups={g}, to_apply=%add"
-        )
-        dones.append(f"%d{i} = f32[8]{{0}} all-reduce-done(%s{i})")
-    return starts, dones
+_BENCH = _load_bench_hostile()
+all_reduces = _BENCH.all_reduces
+
+
+def module(header: str, starts: list[str], dones: list[str]) -> str:
+    return str(_BENCH.module("hostile", header, starts, dones))
 
 
 def rings(n: int, steps: tuple[int, int]) -> str:
