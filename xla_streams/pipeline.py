@@ -74,12 +74,11 @@ _PASS_NAME = re.compile(r"[a-z][a-z0-9-]*")
 
 @dataclass(frozen=True)
 class SpecItem:
-    """One pass of a spec: its name, the options it writes (typed as the pass's fields
-    are), and the column where it starts (1-based)."""
+    """One pass of a spec: its name and the options it writes (typed as the pass's
+    fields are)."""
 
     name: str
     options: Mapping[str, Any]
-    column: int
 
 
 @dataclass(frozen=True)
@@ -96,11 +95,11 @@ class PipelineSpec:
         """Raises PipelineError: a syntax error points at its column; an unknown pass or
         option, or a value of the wrong type, names the pass."""
         items = []
-        for name, written, column in _spec_syntax(text):
+        for name, written in _spec_syntax(text):
             pass_cls = pass_class(name)
             options = _typed_options(pass_cls, written)
             _construct(pass_cls, options)  # every value checked now, not at first use
-            items.append(SpecItem(name, options, column))
+            items.append(SpecItem(name, options))
         return cls(text.strip(), tuple(items))
 
     def build(self, defaults: Mapping[str, Mapping[str, Any]] | None = None) -> list[ModulePass]:
@@ -128,9 +127,9 @@ def parse_pipeline(spec: str) -> list[ModulePass]:
     return PipelineSpec.parse(spec).build()
 
 
-def _spec_syntax(spec: str) -> Iterator[tuple[str, dict[str, str], int]]:
-    """(name, options as written, column) for each pass of a spec; PipelineError
-    pointing at the column that is wrong."""
+def _spec_syntax(spec: str) -> Iterator[tuple[str, dict[str, str]]]:
+    """(name, options as written) for each pass of a spec; PipelineError pointing at
+    the column that is wrong."""
     pos, end = 0, len(spec)
 
     def skip_space(i: int) -> int:
@@ -143,7 +142,7 @@ def _spec_syntax(spec: str) -> Iterator[tuple[str, dict[str, str], int]]:
         m = _PASS_NAME.match(spec, pos)
         if m is None:
             raise _spec_error(spec, pos, "expected a pass name (lowercase letters, digits, '-')")
-        name, column = m.group(), pos + 1
+        name = m.group()
         pos = skip_space(m.end())
         options: dict[str, str] = {}
         if pos < end and spec[pos] == "{":
@@ -160,7 +159,7 @@ def _spec_syntax(spec: str) -> Iterator[tuple[str, dict[str, str], int]]:
                     )
                 options[key] = value
             pos = skip_space(close + 1)
-        yield name, options, column
+        yield name, options
         if pos < end:
             if spec[pos] != ",":
                 raise _spec_error(spec, pos, "expected ',' between passes")
