@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 # jax >= 0.11 prints an async all-reduce with this attribute, which its own HLO
 # text parser then rejects. Tests that need XLA to parse printed text drop it: it
@@ -39,3 +42,19 @@ ENTRY %main (p: f32[8]) -> f32[8] {
   // after the ROOT
 }
 """
+
+
+@contextmanager
+def alarm(seconds: int) -> Iterator[None]:
+    """Raise TimeoutError in this (main) thread after ``seconds``: a hang fails, not stalls."""
+
+    def expire(signum: int, frame: object) -> None:
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -24,17 +24,16 @@ import dataclasses
 import os
 import random
 import re
-import signal
 import struct
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
 import pytest
+from conftest import alarm
 
 import xla_streams.passes  # noqa: F401 - registers the passes
 from xla_streams.hlo import HloError, Instruction, Module, parse_module
@@ -265,22 +264,6 @@ def mutant(path: Path, seed: int) -> tuple[str, list[str]]:
 def assert_located(err: Exception, path: str) -> None:
     head = str(err).split("\n", 1)[0]
     assert re.match(rf"{re.escape(path)}:\d+:\d+: error: ", head), f"not located: {head!r}"
-
-
-@contextmanager
-def alarm(seconds: int) -> Iterator[None]:
-    """Raise TimeoutError in this (main) thread after ``seconds``: a hang fails, not stalls."""
-
-    def expire(signum: int, frame: object) -> None:
-        raise TimeoutError(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 # Every lazy accessor of an instruction, and each collective attribute's decoder.

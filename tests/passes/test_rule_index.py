@@ -19,15 +19,13 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import re
-import signal
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from conftest import alarm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -261,20 +259,6 @@ HOSTILE = {
         "num_partitions=4000", *all_reduces([f"{{{{{2 * i},{2 * i + 1}}}}}" for i in range(2000)])
     ),
 }
-
-
-@contextmanager
-def alarm(seconds: int) -> Iterator[None]:
-    def expire(signum: int, frame: object) -> None:
-        raise TimeoutError(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def run_pipeline(text: str, path: str = "hostile.hlo", streams: int = 4) -> Compilation:
