@@ -420,15 +420,18 @@ def test_installed_console_script(tmp_path: Path) -> None:
     assert subprocess.run([script, "opt", "-p", ""], capture_output=True).returncode == 2
 
 
-# -- no JAX ----------------------------------------------------------------------------
+# -- no JAX, no absl: the offline commands start in milliseconds ------------------------
 
+# What an offline command must not import: JAX (seconds), absl.flags (20-30 ms, more
+# than the rest of the start-up; tools/bench.py's opt-net and assign-net measure it).
+HEAVY = ("jax", "jaxlib", "absl")
 NO_JAX = textwrap.dedent(
-    """
+    f"""
     import sys
     from xla_streams import cli
     code = cli.main(sys.argv[1:])
     assert code == 0, code
-    loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "jaxlib"))
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r})
     assert not loaded, loaded
     """
 )
@@ -454,7 +457,7 @@ def test_import_time_has_no_jax() -> None:
     assert result.returncode == 0
     modules = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()]
     assert "xla_streams.pipeline" in modules
-    assert not [m for m in modules if m.split(".")[0] in ("jax", "jaxlib")]
+    assert not [m for m in modules if m.split(".")[0] in HEAVY]
 
 
 # -- demo dispatch ---------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The ``xla-streams`` command line: offline tools for scheduled HLO text.
 
-Every command has its own ``absl.flags.FlagValues``, so ``xla-streams CMD --help``
-shows only that command's flags. A command is one function and one entry in
+Every command has its own table of flags (``cli/flags.py``), so ``xla-streams CMD
+--help`` shows only that command's flags. A command is one function and one entry in
 ``COMMANDS``::
 
     def _simulate(args: Args) -> int:
@@ -13,9 +13,9 @@ shows only that command's flags. A command is one function and one entry in
     "simulate": Command("One line for `xla-streams --help`.", "IN.hlo [--streams=N]",
                         _simulate, flags=_assignment_flags),
 
-``flags`` defines the command's flags on its FlagValues: reuse
-``_assignment_flags`` (--streams, --policy, --json) or write a small function
-that calls it and ``flags.DEFINE_*(..., flag_values=fv)``. Raise ``UsageError``
+``flags`` gives the command's flags: reuse ``_assignment_flags`` (--streams,
+--policy, --json) or write a small function that adds to its list
+(``flags.integer(...)``, ``flags.string(...)``...). Raise ``UsageError``
 or ``InputError`` for user errors; HloError, PipelineError and
 VerificationError are mapped to exit codes here.
 
@@ -46,18 +46,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, TextIO
 
-from absl import flags
-
 from xla_streams._io import atomic_write_many
 from xla_streams._text import aligned
-from xla_streams.cli.stream_model_flags import define_stream_model_flags, stream_model
+from xla_streams.cli import flags
+from xla_streams.cli.flags import Flag, FlagError
+from xla_streams.cli.stream_model_flags import stream_model, stream_model_flags
 from xla_streams.collectives import (
     DEFAULT_POLICY,
     DEFAULT_STREAMS,
     MAX_STREAMS,
     POLICIES,
     STREAM_COUNTS,
-    check_streams,
     streams_from_text,
 )
 from xla_streams.hlo import HloError, Module, parse_module
@@ -88,7 +87,7 @@ class Args:
     """What a command gets: its parsed flags, its positional arguments, its streams."""
 
     command: str
-    flags: flags.FlagValues
+    flags: dict[str, Any]  # every flag of the command, by name: its value
     positional: list[str]
     stdin: TextIO
     stdout: TextIO
@@ -99,7 +98,7 @@ class Args:
     messages: list[str] = field(default_factory=list)
 
     def flag(self, name: str) -> Any:
-        return self.flags[name].value
+        return self.flags[name]
 
     def input(self) -> tuple[str, str]:
         """The single positional input file: (its name for messages, its text)."""
@@ -147,7 +146,7 @@ class Command:
     summary: str  # one line for `xla-streams --help`
     usage: str  # the arguments after `xla-streams CMD`
     run: Callable[[Args], int]
-    flags: Callable[[flags.FlagValues], None] = lambda fv: None
+    flags: Callable[[], list[Flag]] = list
     description: str = ""  # more for `xla-streams CMD --help`
     arguments: tuple[tuple[str, str], ...] = _HLO_INPUT
     # Reads HLO text and ends (no JAX): it runs without the cyclic garbage collector,
@@ -158,69 +157,61 @@ class Command:
 # -- flags shared by commands --------------------------------------------------------
 
 
-class _StreamsParser(flags.IntegerParser):
-    """An integer in 1..MAX_STREAMS, with a message that says so."""
-
-    def __init__(self) -> None:
-        super().__init__(lower_bound=1, upper_bound=MAX_STREAMS)
-
-    def parse(self, argument: Any) -> int:
-        if isinstance(argument, str):
-            return streams_from_text(argument)
-        return check_streams(argument)
-
-
-def _streams_flags(fv: flags.FlagValues) -> None:
-    flags.DEFINE(
-        _StreamsParser(), "streams", DEFAULT_STREAMS,
-        f"Number of collective streams K to spread the collectives over (1..{MAX_STREAMS}).",
-        flag_values=fv, serializer=flags.ArgumentSerializer(),
-    )  # fmt: skip
-    flags.DEFINE_enum(
-        "policy", DEFAULT_POLICY, list(POLICIES),
-        "How to pick a stream: 'interval' takes the lowest stream free when the collective "
-        "starts; 'round-robin' takes the next stream in turn.",
-        flag_values=fv,
-    )  # fmt: skip
+def _streams_flags() -> list[Flag]:
+    return [
+        flags.integer(
+            "streams", DEFAULT_STREAMS,
+            f"Number of collective streams K to spread the collectives over (1..{MAX_STREAMS}).",
+            read=streams_from_text,
+        ),
+        flags.enum(
+            "policy", DEFAULT_POLICY, POLICIES,
+            "How to pick a stream: 'interval' takes the lowest stream free when the "
+            "collective starts; 'round-robin' takes the next stream in turn.",
+        ),
+    ]  # fmt: skip
 
 
-def _assignment_flags(fv: flags.FlagValues) -> None:
-    _streams_flags(fv)
-    flags.DEFINE_string(
-        "json", None, "Also write the assignment as JSON (schema xla_streams.assignment.v2) "
-        "to this file ('-': standard output).", flag_values=fv,
-    )  # fmt: skip
-    define_stream_model_flags(fv)
+def _assignment_flags() -> list[Flag]:
+    return [
+        *_streams_flags(),
+        flags.string(
+            "json", None, "Also write the assignment as JSON (schema xla_streams.assignment.v2) "
+            "to this file ('-': standard output).", metavar="FILE",
+        ),
+        *stream_model_flags(),
+    ]  # fmt: skip
 
 
-def _opt_flags(fv: flags.FlagValues) -> None:
-    flags.DEFINE_string(
-        "pipeline", None,
-        "Passes to run, comma separated, options in braces: "
-        "'find-async-pairs,assign-streams{streams=4,policy=interval}'. "
-        "'' only parses and prints the module.",
-        short_name="p", flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_string(
-        "output", STDIO, "Where to write the module ('-': standard output).",
-        short_name="o", flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_bool(
-        "time-passes", False, "Print how long each pass took to standard error.", flag_values=fv
-    )
-    flags.DEFINE_bool(
-        "print-after-all", False, "Print the module after every pass to standard error.",
-        flag_values=fv,
-    )  # fmt: skip
+def _opt_flags() -> list[Flag]:
+    return [
+        flags.string(
+            "pipeline", None,
+            "Passes to run, comma separated, options in braces: "
+            "'find-async-pairs,assign-streams{streams=4,policy=interval}'. "
+            "'' only parses and prints the module.",
+            short="p", metavar="SPEC",
+        ),
+        flags.string(
+            "output", STDIO, "Where to write the module ('-': standard output).",
+            short="o", metavar="FILE",
+        ),
+        flags.boolean("time-passes", False, "Print how long each pass took to standard error."),
+        flags.boolean(
+            "print-after-all", False, "Print the module after every pass to standard error."
+        ),
+    ]  # fmt: skip
 
 
-def _assign_flags(fv: flags.FlagValues) -> None:
-    _assignment_flags(fv)
-    flags.DEFINE_string(
-        "output", None, "Write the annotated module to this file ('-': standard output).",
-        short_name="o", flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_bool("quiet", False, "Do not print the table.", short_name="q", flag_values=fv)
+def _assign_flags() -> list[Flag]:
+    return [
+        *_assignment_flags(),
+        flags.string(
+            "output", None, "Write the annotated module to this file ('-': standard output).",
+            short="o", metavar="FILE",
+        ),
+        flags.boolean("quiet", False, "Do not print the table.", short="q"),
+    ]  # fmt: skip
 
 
 # -- the commands --------------------------------------------------------------------
@@ -258,29 +249,29 @@ def _report(args: Args) -> int:
     return EXIT_OK
 
 
-def _demo_flags(fv: flags.FlagValues) -> None:
+def _demo_flags() -> list[Flag]:
     from xla_streams.aot import GPU_CONFIGS
     from xla_streams.programs import DEFAULT_PROGRAM, PROGRAMS
 
-    _streams_flags(fv)
-    flags.DEFINE_enum(
-        "program", DEFAULT_PROGRAM, sorted(PROGRAMS), "The embedded program to compile.",
-        flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_string(
-        "report-dir", None,
-        "Where the reports go (default: a new temporary folder, printed at the end).",
-        flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_enum(
-        "mode", "auto", ["auto", "gpu", "aot"],
-        "gpu: compile for this machine's GPUs; aot: compile without a GPU; auto: gpu when "
-        "there are enough GPUs, else aot.", flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_enum(
-        "target", "h100", sorted(GPU_CONFIGS), "The GPU to compile for without one (aot).",
-        flag_values=fv,
-    )  # fmt: skip
+    return [
+        *_streams_flags(),
+        flags.enum(
+            "program", DEFAULT_PROGRAM, sorted(PROGRAMS), "The embedded program to compile."
+        ),
+        flags.string(
+            "report-dir", None,
+            "Where the reports go (default: a new temporary folder, printed at the end).",
+            metavar="DIR",
+        ),
+        flags.enum(
+            "mode", "auto", ["auto", "gpu", "aot"],
+            "gpu: compile for this machine's GPUs; aot: compile without a GPU; auto: gpu when "
+            "there are enough GPUs, else aot.",
+        ),
+        flags.enum(
+            "target", "h100", sorted(GPU_CONFIGS), "The GPU to compile for without one (aot)."
+        ),
+    ]  # fmt: skip
 
 
 def _demo(args: Args) -> int:
@@ -303,10 +294,10 @@ def _demo(args: Args) -> int:
     return EXIT_OK
 
 
-def _simulate_flags(fv: flags.FlagValues) -> None:
-    from xla_streams.cli.simulate import define_flags
+def _simulate_flags() -> list[Flag]:
+    from xla_streams.cli.simulate import command_flags
 
-    define_flags(fv)
+    return command_flags()
 
 
 def _simulate(args: Args) -> int:
@@ -315,10 +306,10 @@ def _simulate(args: Args) -> int:
     return run_cli(args)
 
 
-def _tune_flags(fv: flags.FlagValues) -> None:
-    from xla_streams.cli.tune import define_flags
+def _tune_flags() -> list[Flag]:
+    from xla_streams.cli.tune import command_flags
 
-    define_flags(fv)
+    return command_flags()
 
 
 def _tune(args: Args) -> int:
@@ -487,14 +478,13 @@ def main(
         stderr.write(f"{PROG}: error: unknown command '{name}'\n\n{_main_help()}")
         return EXIT_USAGE
     prog = f"{PROG} {name}"
-    fv = flags.FlagValues()  # type: ignore[no-untyped-call]
-    command.flags(fv)
-    args = Args(name, fv, rest, stdin, stdout, stderr)
+    table = command.flags()
+    args = Args(name, {}, rest, stdin, stdout, stderr)
     try:
         if _wants_help(rest):
-            stdout.write(_command_help(name, command, fv))
+            stdout.write(_command_help(name, command, table))
             return EXIT_OK
-        args.positional = fv([prog, *_negations_spelled_for_absl(rest, fv)])[1:]
+        args.flags, args.positional = flags.parse(rest, table)
         code = command.run(args)
         if code == EXIT_OK:
             _write_outputs(args)
@@ -505,7 +495,7 @@ def main(
     except VerificationError as e:
         stderr.write(f"{prog}: verification failed: {e}\n")
         return EXIT_VERIFICATION
-    except (UsageError, flags.Error) as e:
+    except (UsageError, FlagError) as e:
         stderr.write(f"{prog}: error: {e}\nRun '{prog} --help' for usage.\n")
         return EXIT_USAGE
     except (PipelineError, InputError) as e:
@@ -598,19 +588,6 @@ def _byte_error(data: bytes, at: int, where: str, what: str) -> HloError:
     )
 
 
-def _negations_spelled_for_absl(argv: list[str], fv: flags.FlagValues) -> list[str]:
-    """``--no-progress`` as absl spells it, ``--noprogress``, for the command's boolean flags."""
-    out: list[str] = []
-    for arg in argv:
-        if arg == "--":
-            return out + argv[len(out) :]
-        name = arg.removeprefix("--no-")
-        if arg.startswith("--no-") and name in fv and fv[name].boolean:
-            arg = f"--no{name}"
-        out.append(arg)
-    return out
-
-
 def _wants_help(argv: list[str]) -> bool:
     for arg in argv:
         if arg == "--":
@@ -643,7 +620,7 @@ _WIDTH = 88
 _INDENT = " " * 6
 
 
-def _command_help(name: str, command: Command, fv: flags.FlagValues) -> str:
+def _command_help(name: str, command: Command, table: list[Flag]) -> str:
     out = [f"usage: {PROG} {name} {command.usage}", "", command.summary]
     if command.description:
         out += ["", textwrap.fill(command.description, _WIDTH)]
@@ -653,51 +630,25 @@ def _command_help(name: str, command: Command, fv: flags.FlagValues) -> str:
             out += [f"  {argument}", _wrap(text)]
     if name == "opt":
         out += ["", "passes (option defaults in braces):", _passes_help()]
-    listed = _own_flags(fv)
-    if listed:
+    if table:
         out += ["", "flags:"]
-        for f in listed:
+        for f in table:
             text = f.help
-            if isinstance(f.parser, flags.EnumParser) and text.startswith("<"):
-                text = text.split(": ", 1)[-1]  # absl puts the choices in front
             if f.boolean:
                 spelled = f"--[no]{f.name}"
             else:
-                spelled = f"--{f.name}={_metavar(f)}"
+                spelled = f"--{f.name}={f.metavar}"
                 if f.default is not None:
                     text += f" Default: {f.default!s}."
-            short = f"-{f.short_name}, " if f.short_name else ""
+            short = f"-{f.short}, " if f.short else ""
             out += [f"  {short}{spelled}", _wrap(text)]
     return "\n".join(out) + "\n"
-
-
-def _metavar(f: Any) -> str:
-    if isinstance(f.parser, flags.EnumParser):
-        return "|".join(str(v) for v in f.parser.enum_values)
-    if isinstance(f.parser, flags.IntegerParser):
-        return "N"
-    name: str = f.name
-    return _METAVARS.get(name, name.upper().replace("-", "_"))
-
-
-_METAVARS = {"output": "FILE", "json": "FILE", "pipeline": "SPEC"}
 
 
 def _wrap(text: str) -> str:
     return textwrap.fill(
         text, _WIDTH, initial_indent=_INDENT, subsequent_indent=_INDENT, break_on_hyphens=False
     )
-
-
-def _own_flags(fv: flags.FlagValues) -> list[Any]:
-    """The command's flags in definition order, without absl's --flagfile/--undefok.
-
-    Iterating a FlagValues gives every name, short ones too: keep the long ones.
-    """
-    return [fv[name] for name in fv if name == fv[name].name and name not in _ABSL_BUILTIN]
-
-
-_ABSL_BUILTIN = frozenset({"flagfile", "undefok"})
 
 
 def _passes_help() -> str:

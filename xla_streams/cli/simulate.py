@@ -12,10 +12,10 @@ either end of its error bound (``predict_range``), and, with a PGLE profile, how
 much of the step was measured rather than modelled. ``--json`` writes all of it
 (schema :data:`SCHEMA`, checked by :func:`json_problems`).
 
-The command lives here so that ``cli.py`` only registers it (``define_flags``,
-``run_cli``); ``simulate_command`` is the same for Python callers. Nothing here
-imports the CLI: ``run_cli`` takes any object with the few members of the CLI's
-arguments it uses (:class:`CliArgs`). The pictures, and the trace and HTML the
+The command lives here so that ``cli.py`` only registers it (``command_flags``,
+``run_cli``); ``simulate_command`` is the same for Python callers. ``run_cli``
+takes any object with the few members of the CLI's arguments it uses
+(:class:`CliArgs`). The pictures, and the trace and HTML the
 plugin writes, are in :mod:`xla_streams.simulate.visual`.
 """
 
@@ -30,11 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from absl import flags
-
 from xla_streams._io import atomic_write_many
 from xla_streams._text import aligned
-from xla_streams.cli.stream_model_flags import define_stream_model_flags, stream_model
+from xla_streams.cli import flags
+from xla_streams.cli.stream_model_flags import stream_model, stream_model_flags
 from xla_streams.collectives import (
     MAX_STREAMS,
     POLICIES,
@@ -511,67 +510,66 @@ def progress_printer(err: TextIO) -> Progress:
 # -- entry points -----------------------------------------------------------------------
 
 
-def define_flags(fv: flags.FlagValues) -> None:
+def command_flags() -> list[flags.Flag]:
     """The flags of ``xla-streams simulate``."""
-    flags.DEFINE_string(
-        "streams", ",".join(map(str, STREAM_COUNTS)),
-        f"Numbers of collective streams K to predict, comma separated (each 1..{MAX_STREAMS}).",
-        flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_string(
-        "policy", ",".join(POLICIES),
-        f"Assignment policies to predict, comma separated: {', '.join(POLICIES)}.",
-        flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_string(
-        "trace", None, "Write the predicted timelines as a Chrome/Perfetto trace (JSON) to "
-        "this file; open it in ui.perfetto.dev or TensorBoard.", flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_string(
-        "html", None, "Write a self-contained HTML report (timelines, tables) to this file.",
-        flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_enum(
-        "target", "h100", list(TARGETS),
-        "The GPU to predict for (constants: xla_streams/simulate/targets.py).", flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_string(
-        "target-file", None, "JSON object overriding fields of --target, e.g. "
-        '{"link_efficiency": 0.7, "devices_per_host": 4}.', flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_string(
-        "calibration", None, "A calibration file (schema xla_streams.calibration.v1, as "
-        "tools/gpu_check.py writes it): measured/predicted ratios per kernel class for "
-        "--target.", flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_string(
-        "perf-table", None, "XLA's collective performance table (the text or binary "
-        "DeviceHloInstructionProfiles that --xla_gpu_experimental_collective_perf_table_path "
-        "takes) to price collectives inside a host from, instead of the table vendored from "
-        "XLA.", flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_string(
-        "profile", None, "A PGLE profile of this program (ProfiledInstructionsProto, text "
-        "or binary, from jax.experimental.profiler.get_profiled_instructions_proto or "
-        "JAX_ENABLE_PGLE): the instructions it names take their measured time, and the "
-        "output says how much of the step was measured.", flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_string(
-        "json", None, f"Also write the prediction as JSON (schema {SCHEMA}) to this file "
-        "('-': standard output).", flag_values=fv,
-    )  # fmt: skip
-    define_stream_model_flags(fv)
-    flags.DEFINE_bool(
-        "progress", None, "Report progress on standard error (default: for inputs over "
-        f"{PROGRESS_BYTES >> 20} MiB).", flag_values=fv,
-    )  # fmt: skip
+    return [
+        flags.string(
+            "streams", ",".join(map(str, STREAM_COUNTS)),
+            f"Numbers of collective streams K to predict, comma separated (each 1..{MAX_STREAMS})."
+        ),
+        flags.string(
+            "policy", ",".join(POLICIES),
+            f"Assignment policies to predict, comma separated: {', '.join(POLICIES)}."
+        ),
+        flags.string(
+            "trace", None, "Write the predicted timelines as a Chrome/Perfetto trace (JSON) to "
+            "this file; open it in ui.perfetto.dev or TensorBoard."
+        ),
+        flags.string(
+            "html", None, "Write a self-contained HTML report (timelines, tables) to this file."
+        ),
+        flags.enum(
+            "target", "h100", list(TARGETS),
+            "The GPU to predict for (constants: xla_streams/simulate/targets.py)."
+        ),
+        flags.string(
+            "target-file", None, "JSON object overriding fields of --target, e.g. "
+            '{"link_efficiency": 0.7, "devices_per_host": 4}.'
+        ),
+        flags.string(
+            "calibration", None, "A calibration file (schema xla_streams.calibration.v1, as "
+            "tools/gpu_check.py writes it): measured/predicted ratios per kernel class for "
+            "--target."
+        ),
+        flags.string(
+            "perf-table", None, "XLA's collective performance table (the text or binary "
+            "DeviceHloInstructionProfiles that --xla_gpu_experimental_collective_perf_table_path "
+            "takes) to price collectives inside a host from, instead of the table vendored from "
+            "XLA."
+        ),
+        flags.string(
+            "profile", None, "A PGLE profile of this program (ProfiledInstructionsProto, text "
+            "or binary, from jax.experimental.profiler.get_profiled_instructions_proto or "
+            "JAX_ENABLE_PGLE): the instructions it names take their measured time, and the "
+            "output says how much of the step was measured."
+        ),
+        flags.string(
+            "json", None, f"Also write the prediction as JSON (schema {SCHEMA}) to this file "
+            "('-': standard output).", metavar="FILE"
+        ),
+        *stream_model_flags(),
+        flags.boolean(
+            "progress", None, "Report progress on standard error (default: for inputs over "
+            f"{PROGRESS_BYTES >> 20} MiB)."
+        ),
+    ]  # fmt: skip
 
 
 def run_cli(args: CliArgs) -> int:
     """``xla-streams simulate``, on the CLI's parsed ``args``.
 
     Bad flag values (a performance table or a profile that cannot be read among
-    them, named ``file:line``) raise absl's ``IllegalFlagValueError``, which the CLI
+    them, named ``file:line``) raise ``flags.FlagError``, which the CLI
     reports as a usage error (exit 2) however ``cli`` was imported (``python -m`` too).
     """
     try:
@@ -581,17 +579,17 @@ def run_cli(args: CliArgs) -> int:
             args.flag("target"), args.flag("target-file"), args.flag("calibration")
         )
     except (FlagListError, TargetError, CalibrationError) as e:
-        raise flags.IllegalFlagValueError(str(e)) from None
+        raise flags.FlagError(str(e)) from None
     table_path, profile_path = args.flag("perf-table"), args.flag("profile")
     try:
         if table_path:
             target = use_perf_table(target, table_path)
     except (PerfTableError, TargetError) as e:
-        raise flags.IllegalFlagValueError(f"--perf-table: {e}") from None
+        raise flags.FlagError(f"--perf-table: {e}") from None
     try:
         profile = read_profile(profile_path) if profile_path else None
     except ProfileError as e:
-        raise flags.IllegalFlagValueError(f"--profile: {e}") from None
+        raise flags.FlagError(f"--profile: {e}") from None
     model = stream_model(args.flag)
     path, text = args.input()
     show = args.flag("progress")

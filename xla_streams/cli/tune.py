@@ -12,7 +12,7 @@ StableHLO (a dump file, or ``lowered.as_text(debug_info=True)`` saved): the
 program's Python is not needed.
 
 The command lives here so that ``cli/__init__.py`` only registers it
-(:func:`define_flags`, :func:`run_command`); the tuner is :mod:`xla_streams.tuning`.
+(:func:`command_flags`, :func:`run_command`); the tuner is :mod:`xla_streams.tuning`.
 Importing this module imports no JAX: the compiles do, once the command runs.
 """
 
@@ -23,8 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from absl import flags
-
+from xla_streams.cli import flags
 from xla_streams.hlo.module import MAX_DEVICES
 from xla_streams.programs import PROGRAMS
 from xla_streams.tuning.driver import (
@@ -45,90 +44,87 @@ from xla_streams.tuning.result import (
     TuneResult,
 )
 
-__all__ = ["TuneError", "TuneUsageError", "define_flags", "run_command"]
+__all__ = ["TuneError", "TuneUsageError", "command_flags", "run_command"]
 
 STDIO = "-"
 MAX_JOBS = 256
 
 
-def define_flags(fv: flags.FlagValues) -> None:
+def command_flags() -> list[flags.Flag]:
     """The flags of ``xla-streams tune``."""
-    flags.DEFINE_string(
-        "program", None, "An embedded program (xla_streams/programs.py) to tune instead of "
-        "PROGRAM.py; its own device counts are the defaults.", flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_integer(
-        "devices", None, "Number of GPUs the program runs on (all hosts together; for a "
-        "dump, default: its module's partitions).", lower_bound=1, upper_bound=MAX_DEVICES,
-        flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_integer(
-        "devices-per-host", None, "GPUs per host (default 8; device d is on host d // M).",
-        lower_bound=1, upper_bound=MAX_DEVICES, flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_integer(
-        "hosts-per-nvlink-domain", DEFAULT_HOSTS_PER_DOMAIN, "Hosts per NVLink (scale-up) "
-        "domain: 1 on H100/H200 HGX clusters (each host its own), more on multi-node NVLink "
-        "systems (GB200 NVL72: 18 hosts of 4 GPUs); 0: all hosts in one.", lower_bound=0,
-        flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_enum(
-        "target", "h100", list(TARGET_NAMES), "The GPU to compile and predict for.",
-        flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_string(
-        "json", None, f"Also write the result (schema {SCHEMA}) to this file ('-': standard "
-        "output); XLA_STREAMS_CONFIG=FILE applies it.", flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_string(
-        "hlo", None, "Also write the recommendation's scheduled module (HLO text) to this "
-        "file, e.g. for `xla-streams simulate --html`.", flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_float(
-        "budget-s", DEFAULT_BUDGET_S, "Stop starting compiles once this many seconds are spent.",
-        lower_bound=1.0, flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_float(
-        "headroom", DEFAULT_HEADROOM, "Fraction of the GPU's memory kept free: a configuration "
-        "fits when its peak is at most (1 - headroom) x HBM.", lower_bound=0.0, upper_bound=0.9,
-        flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_string(
-        "calibration", None, "A calibration file (schema xla_streams.calibration.v1) of measured "
-        "corrections to the cost model.", flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_string(
-        "perf-table", None, "A collective performance table in XLA's format (as for "
-        "--xla_gpu_experimental_collective_perf_table_path): the collectives it measured are "
-        "priced from it.", flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_string(
-        "profile", None, "A PGLE profile of this program (ProfiledInstructionsProto, text or "
-        "binary): the instructions it names take their measured times.", flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_list(
-        "levers", None, "Search only these levers, in this order (default: all, in the "
-        f"order {', '.join(LEVER_NAMES)}).",
-        flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_integer(
-        "jobs", None, "Compile this many candidates at once, in worker processes (default: "
-        "one per core, at most one per 4 GiB of available memory, at most 8). A crash of XLA "
-        "on a candidate kills its worker only; 0 compiles in this process (no start-up).",
-        lower_bound=0, upper_bound=MAX_JOBS, flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_string(
-        "cache-dir", None, "The disk cache of compiled candidates (default "
-        "$XLA_STREAMS_CACHE_DIR, else ~/.cache/xla_streams/tune); 'none': no cache.",
-        flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_string(
-        "ray", None, "Compile on a running Ray cluster: 'auto' (the one `ray start` runs "
-        "here, or RAY_ADDRESS) or its address; needs the ray extra. Usage statistics stay "
-        "off unless RAY_USAGE_STATS_ENABLED says otherwise.", flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_string("script", DEFAULT_SCRIPT, "What the printed command runs.", flag_values=fv)
-    flags.DEFINE_bool("progress", True, "Report progress on standard error.", flag_values=fv)
+    return [
+        flags.string(
+            "program", None, "An embedded program (xla_streams/programs.py) to tune instead of "
+            "PROGRAM.py; its own device counts are the defaults."
+        ),
+        flags.integer(
+            "devices", None, "Number of GPUs the program runs on (all hosts together; for a "
+            "dump, default: its module's partitions).", lower=1, upper=MAX_DEVICES
+        ),
+        flags.integer(
+            "devices-per-host", None, "GPUs per host (default 8; device d is on host d // M).",
+            lower=1, upper=MAX_DEVICES
+        ),
+        flags.integer(
+            "hosts-per-nvlink-domain", DEFAULT_HOSTS_PER_DOMAIN, "Hosts per NVLink (scale-up) "
+            "domain: 1 on H100/H200 HGX clusters (each host its own), more on multi-node NVLink "
+            "systems (GB200 NVL72: 18 hosts of 4 GPUs); 0: all hosts in one.", lower=0
+        ),
+        flags.enum(
+            "target", "h100", list(TARGET_NAMES), "The GPU to compile and predict for."
+        ),
+        flags.string(
+            "json", None, f"Also write the result (schema {SCHEMA}) to this file ('-': standard "
+            "output); XLA_STREAMS_CONFIG=FILE applies it.", metavar="FILE"
+        ),
+        flags.string(
+            "hlo", None, "Also write the recommendation's scheduled module (HLO text) to this "
+            "file, e.g. for `xla-streams simulate --html`."
+        ),
+        flags.real(
+            "budget-s", DEFAULT_BUDGET_S,
+            "Stop starting compiles once this many seconds are spent.", lower=1.0,
+        ),
+        flags.real(
+            "headroom", DEFAULT_HEADROOM, "Fraction of the GPU's memory kept free: a "
+            "configuration fits when its peak is at most (1 - headroom) x HBM.", lower=0.0,
+            upper=0.9,
+        ),
+        flags.string(
+            "calibration", None, "A calibration file (schema xla_streams.calibration.v1) of "
+            "measured corrections to the cost model."
+        ),
+        flags.string(
+            "perf-table", None, "A collective performance table in XLA's format (as for "
+            "--xla_gpu_experimental_collective_perf_table_path): the collectives it measured are "
+            "priced from it."
+        ),
+        flags.string(
+            "profile", None, "A PGLE profile of this program (ProfiledInstructionsProto, text or "
+            "binary): the instructions it names take their measured times."
+        ),
+        flags.names(
+            "levers", None, "Search only these levers, in this order (default: all, in the "
+            f"order {', '.join(LEVER_NAMES)})."
+        ),
+        flags.integer(
+            "jobs", None, "Compile this many candidates at once, in worker processes (default: "
+            "one per core, at most one per 4 GiB of available memory, at most 8). A crash of XLA "
+            "on a candidate kills its worker only; 0 compiles in this process (no start-up).",
+            lower=0, upper=MAX_JOBS
+        ),
+        flags.string(
+            "cache-dir", None, "The disk cache of compiled candidates (default "
+            "$XLA_STREAMS_CACHE_DIR, else ~/.cache/xla_streams/tune); 'none': no cache."
+        ),
+        flags.string(
+            "ray", None, "Compile on a running Ray cluster: 'auto' (the one `ray start` runs "
+            "here, or RAY_ADDRESS) or its address; needs the ray extra. Usage statistics stay "
+            "off unless RAY_USAGE_STATS_ENABLED says otherwise."
+        ),
+        flags.string("script", DEFAULT_SCRIPT, "What the printed command runs."),
+        flags.boolean("progress", True, "Report progress on standard error."),
+    ]  # fmt: skip
 
 
 class TuneUsageError(TuneError):
@@ -156,7 +152,7 @@ def run_command(
     positional: Sequence[str], flag: Callable[[str], Any], stderr: TextIO | None
 ) -> TuneResult:
     """``xla-streams tune`` on its parsed arguments (``flag(name)`` reads the flags of
-    :func:`define_flags`); raises TuneUsageError or TuneError, which the CLI turns
+    :func:`command_flags`); raises TuneUsageError or TuneError, which the CLI turns
     into one line and exit code 2."""
     embedded = flag("program")
     if embedded and positional:
