@@ -209,16 +209,20 @@ def _convert(pass_name: str, key: str, raw: str, hint: Any) -> Any:
             return _ascii_int(raw)
         if get_origin(hint) is tuple:  # device ids, written 3:1:2:0
             return tuple(_ascii_int(part) for part in raw.split(":")) if raw else ()
-    except ValueError:
+    except ValueError as e:
         what = "an integer" if hint is int else "':'-separated integers"
-        raise PipelineError(f"pass '{pass_name}': {key} must be {what}, not '{raw}'") from None
+        raise PipelineError(
+            f"pass '{pass_name}': {key} must be {what}, not '{raw}' ({e})"
+        ) from None
     return raw
 
 
 def _ascii_int(text: str) -> int:
     """``int()`` reads '٤', '+4' and '1_0' too; a spec's numbers are ASCII digits only."""
-    if not (text.isascii() and text.isdigit()):
-        raise ValueError(text)
+    if not text.isascii():
+        raise ValueError("not ASCII")
+    if not text.isdigit():
+        raise ValueError("a number is written with the digits 0-9 only")
     return int(text)
 
 

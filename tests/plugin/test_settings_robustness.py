@@ -52,9 +52,10 @@ def env(**values: str) -> dict[str, str]:
         (dict(pipeline="find-async-pairs,assign-streams{streams=\u0664}"),
          "XLA_STREAMS_PIPELINE='find-async-pairs,assign-streams{streams=\u0664}' is not valid"),
         (dict(pipeline="find-async-pairs{overlap_limit=\u0664},assign-streams{streams=2}"),
-         "is not ASCII"),
+         "overlap_limit must be an integer, not '\u0664' (not ASCII)"),
         (dict(pipeline="find-async-pairs{overlap_limit=+2},assign-streams{streams=2}"),
-         "overlap_limit=+2: a number is written with the digits 0-9 only"),
+         "overlap_limit must be an integer, not '+2' (a number is written with the digits 0-9 "
+         "only)"),
         (dict(pipeline="find-async-pairs,assign-streams{streams=\u00b2}"),
          "XLA_STREAMS_PIPELINE="),
     ],

@@ -282,29 +282,10 @@ def _parse_pipeline(value: Any, name: str) -> PipelineSpec:
         return value
     if not isinstance(value, str):
         raise ConfigError("pipeline", f"{_shown(name, value)} is not a pipeline spec")
-    problem = _unreadable_number(value)
-    if problem is not None:
-        raise ConfigError("pipeline", f"{_shown(name, value)} is not valid: {problem}")
     try:
         return PipelineSpec.parse(value)
     except PipelineError as e:
         raise ConfigError("pipeline", f"{_shown(name, value)} is not valid: {e}") from None
-
-
-def _unreadable_number(spec: str) -> str | None:
-    """Why ``spec`` cannot be a pipeline spec before its passes are looked at: a
-    character that is not ASCII (``int()`` would read other scripts' digits, ``"٤"``
-    as 4), or an option number that is not the digits 0-9 (``+4``, ``1_0``)."""
-    for column, char in enumerate(spec, 1):
-        if not char.isascii():
-            return f"{char!r} at column {column} is not ASCII (a spec is ASCII only)"
-    for match in re.finditer(r"([A-Za-z0-9_.-]+)=([^,{}\s]*)", spec):
-        key, raw = match.groups()
-        if re.fullmatch(r"[+-]?[0-9_]+(?::[+-]?[0-9_]*)*", raw) and not re.fullmatch(
-            r"[0-9]+(?::[0-9]+)*", raw
-        ):
-            return f"{key}={raw}: a number is written with the digits 0-9 only"
-    return None
 
 
 def _check_pipeline(value: Any, name: str) -> None:
