@@ -39,7 +39,13 @@ from xla_streams.simulate.measured import (
     parse_perf_table,
 )
 from xla_streams.simulate.targets import TARGETS
-from xla_streams.simulate.textproto import Message, ProtoError, decode_wire, format_text
+from xla_streams.simulate.textproto import (
+    Message,
+    ProtoError,
+    decode_wire,
+    format_text,
+    read_varint,
+)
 
 UPSTREAM_PATH = "xla/service/gpu/model/default_collective_perf_table.txtpb"
 LICENSE_HEADER = """\
@@ -92,20 +98,6 @@ def plugin_path() -> Path:
     raise SystemExit("no jax CUDA plugin installed (pip install 'jax[cuda12]')")
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while pos < len(data):
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-        if shift > 63:
-            break
-    return -1, pos
-
-
 def embedded_table(data: bytes) -> bytes:
     """The embedded binary table: the longest run of back-to-back map entries that
     holds ``sm_90``."""
@@ -117,7 +109,10 @@ def embedded_table(data: bytes) -> bytes:
             start = m.start() - header
             if start < 0 or data[start] != 0x12:
                 continue
-            length, body = _varint(data, start + 1)
+            try:
+                length, body = read_varint(data, start + 1, str(m.start()))
+            except ProtoError:
+                continue  # not a length: the bytes before the key are something else
             if body == m.start() and length > 0:
                 entries[start] = (body + length, m.group(2))
                 break

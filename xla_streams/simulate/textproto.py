@@ -296,9 +296,12 @@ Schema = Mapping[str, Mapping[int, tuple[str, FieldType]]]
 _VARINT_TYPES = frozenset({"int64", "int32", "uint64", "uint32", "bool", "sint64", "sint32"})
 _FIXED64_TYPES = frozenset({"double", "fixed64", "sfixed64"})
 _FIXED32_TYPES = frozenset({"float", "fixed32", "sfixed32"})
+_FIXED_WIDTH = {1: 8, 5: 4}  # wire type -> bytes: 1 is 64-bit, 5 is 32-bit
 
 
-def _varint(data: bytes, pos: int, path: str) -> tuple[int, int]:
+def read_varint(data: bytes, pos: int, path: str) -> tuple[int, int]:
+    """The base-128 varint at ``pos`` and the position after it; ProtoError when it is
+    truncated or longer than 10 bytes."""
     result = shift = 0
     while True:
         if pos >= len(data):
@@ -311,6 +314,16 @@ def _varint(data: bytes, pos: int, path: str) -> tuple[int, int]:
         shift += 7
         if shift > 63:
             raise ProtoError(f"varint longer than 10 bytes at byte {pos}", path=path)
+
+
+def _fixed_value(data: bytes, pos: int, width: int, kind: str) -> Scalar:
+    """The ``width``-byte little-endian field at ``pos``: a double or float, else a
+    (s)fixed64 or (s)fixed32."""
+    if kind in ("double", "float"):
+        number: float = struct.unpack_from("<d" if width == 8 else "<f", data, pos)[0]
+        return number
+    value = int.from_bytes(data[pos : pos + width], "little")
+    return _signed(value, 8 * width) if kind.startswith("sfixed") else value
 
 
 def _signed(value: int, bits: int = 64) -> int:
@@ -346,11 +359,11 @@ def decode_wire(
         msg = Message(path=path)
         pos = start
         while pos < end:
-            key, pos = _varint(data, pos, path)
+            key, pos = read_varint(data, pos, path)
             number, wire = key >> 3, key & 7
             spec = fields_of.get(number)
             if wire == 0:
-                raw, pos = _varint(data, pos, path)
+                raw, pos = read_varint(data, pos, path)
                 if spec is not None:
                     fname, kind = spec
                     if kind.startswith("enum:"):
@@ -360,34 +373,16 @@ def decode_wire(
                         )
                     else:
                         msg.fields.append((fname, _varint_value(raw, kind), 0))
-            elif wire == 1:
-                if pos + 8 > end:
-                    raise ProtoError(f"truncated 64-bit field at byte {pos}", path=path)
+            elif wire in _FIXED_WIDTH:
+                width = _FIXED_WIDTH[wire]
+                if pos + width > end:
+                    raise ProtoError(f"truncated {8 * width}-bit field at byte {pos}", path=path)
                 if spec is not None:
                     fname, kind = spec
-                    if kind == "double":
-                        msg.fields.append((fname, struct.unpack_from("<d", data, pos)[0], 0))
-                    else:
-                        value = int.from_bytes(data[pos : pos + 8], "little")
-                        msg.fields.append(
-                            (fname, _signed(value) if kind == "sfixed64" else value, 0)
-                        )
-                pos += 8
-            elif wire == 5:
-                if pos + 4 > end:
-                    raise ProtoError(f"truncated 32-bit field at byte {pos}", path=path)
-                if spec is not None:
-                    fname, kind = spec
-                    if kind == "float":
-                        msg.fields.append((fname, struct.unpack_from("<f", data, pos)[0], 0))
-                    else:
-                        value = int.from_bytes(data[pos : pos + 4], "little")
-                        msg.fields.append(
-                            (fname, _signed(value, 32) if kind == "sfixed32" else value, 0)
-                        )
-                pos += 4
+                    msg.fields.append((fname, _fixed_value(data, pos, width, kind), 0))
+                pos += width
             elif wire == 2:
-                length, pos = _varint(data, pos, path)
+                length, pos = read_varint(data, pos, path)
                 if pos + length > end:
                     raise ProtoError(
                         f"field {number} of '{name}' runs past the end of its message "
@@ -422,21 +417,15 @@ def decode_wire(
 def _packed(
     data: bytes, pos: int, end: int, kind: str, enums: Mapping[str, Mapping[int, str]]
 ) -> Iterator[Scalar]:
+    width = 8 if kind in _FIXED64_TYPES else 4 if kind in _FIXED32_TYPES else 0
     while pos < end:
-        if kind in _FIXED64_TYPES:
-            if kind == "double":
-                yield struct.unpack_from("<d", data, pos)[0]
-            else:
-                yield int.from_bytes(data[pos : pos + 8], "little")
-            pos += 8
-        elif kind in _FIXED32_TYPES:
-            if kind == "float":
-                yield struct.unpack_from("<f", data, pos)[0]
-            else:
-                yield int.from_bytes(data[pos : pos + 4], "little")
-            pos += 4
+        if width:
+            if pos + width > end:
+                raise ProtoError(f"truncated packed {kind} at byte {pos}", path="<packed>")
+            yield _fixed_value(data, pos, width, kind)
+            pos += width
         else:
-            raw, pos = _varint(data, pos, "<packed>")
+            raw, pos = read_varint(data, pos, "<packed>")
             if kind.startswith("enum:"):
                 label = enums.get(kind[5:], {}).get(raw)
                 yield EnumValue(label) if label is not None else raw
