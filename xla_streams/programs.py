@@ -501,51 +501,30 @@ def fsdp_tp_remat_unrolled(devices: Sequence[Any]) -> Built:
     )
 
 
+def _program(build: Callable[[Sequence[Any]], Built], num_devices: int = 8) -> Program:
+    """The Program of a builder: named after it, described by its docstring."""
+    return Program(build.__name__, build, num_devices=num_devices, description=build.__doc__ or "")
+
+
 PROGRAMS: dict[str, Program] = {
     p.name: p
     for p in (
-        Program("transformer_step", transformer_step, description=transformer_step.__doc__ or ""),
-        Program("fsdp_unrolled", fsdp_unrolled, description=fsdp_unrolled.__doc__ or ""),
-        Program("fsdp_scan", fsdp_scan, description=fsdp_scan.__doc__ or ""),
-        Program("tp_dp_2d", tp_dp_2d, description=tp_dp_2d.__doc__ or ""),
-        Program(
-            "ppermute_pipeline", ppermute_pipeline, description=ppermute_pipeline.__doc__ or ""
-        ),
-        Program("ppermute_scan", ppermute_scan, description=ppermute_scan.__doc__ or ""),
-        Program("moe_all_to_all", moe_all_to_all, description=moe_all_to_all.__doc__ or ""),
-        Program("psum_scatter", psum_scatter, description=psum_scatter.__doc__ or ""),
-        Program("gspmd_step", gspmd_step, description=gspmd_step.__doc__ or ""),
-        Program(
-            "multihost_32", multihost_32, num_devices=32, description=multihost_32.__doc__ or ""
-        ),
-        Program(
-            "large_transformer", large_transformer, description=large_transformer.__doc__ or ""
-        ),
-        Program(
-            "fsdp_tp_scan",
-            fsdp_tp_scan,
-            num_devices=32,
-            description=fsdp_tp_scan.__doc__ or "",
-        ),
-        Program(
-            "fsdp_tp_remat_scan",
-            fsdp_tp_remat_scan,
-            num_devices=32,
-            description=fsdp_tp_remat_scan.__doc__ or "",
-        ),
-        Program(
-            "fsdp_tp_remat_unrolled",
-            fsdp_tp_remat_unrolled,
-            num_devices=32,
-            description=fsdp_tp_remat_unrolled.__doc__ or "",
-        ),
-        Program(
-            "fsdp_tp_mlp_scan",
-            fsdp_tp_mlp_scan,
-            num_devices=16,
-            description=fsdp_tp_mlp_scan.__doc__ or "",
-        ),
-        Program("fsdp_chain", fsdp_chain, description=fsdp_chain.__doc__ or ""),
+        _program(transformer_step),
+        _program(fsdp_unrolled),
+        _program(fsdp_scan),
+        _program(tp_dp_2d),
+        _program(ppermute_pipeline),
+        _program(ppermute_scan),
+        _program(moe_all_to_all),
+        _program(psum_scatter),
+        _program(gspmd_step),
+        _program(multihost_32, num_devices=32),
+        _program(large_transformer),
+        _program(fsdp_tp_scan, num_devices=32),
+        _program(fsdp_tp_remat_scan, num_devices=32),
+        _program(fsdp_tp_remat_unrolled, num_devices=32),
+        _program(fsdp_tp_mlp_scan, num_devices=16),
+        _program(fsdp_chain),
     )
 }
 DEFAULT_PROGRAM = "transformer_step"
@@ -711,6 +690,4 @@ def llama2_7b_fsdp(devices: Sequence[Any]) -> Built:
     return llama2_fsdp(devices)
 
 
-PROGRAMS["llama2_7b_fsdp"] = Program(
-    "llama2_7b_fsdp", llama2_7b_fsdp, description=llama2_7b_fsdp.__doc__ or ""
-)
+PROGRAMS["llama2_7b_fsdp"] = _program(llama2_7b_fsdp)
