@@ -34,6 +34,15 @@ from xla_streams.passes.base import Compilation, Fact, ModulePass
 
 COLLECTIVES = COLLECTIVE_OPCODES  # the kinds a start/done pair can wrap or spell
 _DONE_OF_SEND_RECV = {"send-done": "send", "recv-done": "recv"}
+_SEND_RECV = frozenset(_DONE_OF_SEND_RECV.values())
+# The opcode of the start each done completes, and every start opcode: one lookup
+# classifies an instruction (most are neither; every one is asked).
+_START_OF_DONE = {
+    **{f"{kind}-done": f"{kind}-start" for kind in COLLECTIVES},
+    "async-done": "async-start",
+    **_DONE_OF_SEND_RECV,
+}
+_STARTS = frozenset(_START_OF_DONE.values())
 PIPELINE_ATTRIBUTE = "_xla_send_recv_pipeline"
 
 
@@ -74,31 +83,58 @@ class FindAsyncPairs(ModulePass):
 def find_async_pairs(module: Module, model: StreamModel | None = None) -> list[AsyncPair]:
     """All pairs of the module, ordered by when they first start in the execution."""
     model = model or StreamModel()
-    found: list[tuple[Computation, Instruction, Instruction]] = []
+    found: list[tuple[Computation, Instruction, Instruction, list[Instruction]]] = []
+    # One pass over every instruction (a module has tens of thousands) finds, per
+    # computation, the pairs, the starts and dones XLA's async-to-sync converter does
+    # not count as work (see _work_before; send and recv aside), and where control flow
+    # is (for execution_layout).
+    not_work: dict[str, set[Instruction]] = {}
+    control_flow: dict[Computation, list[int]] = {}
     for comp in module.computations:
         starts_done: set[str] = set()
-        for done in comp.instructions:
-            start = _start_of(done, comp)
-            if start is None:
-                continue
-            if start.name in starts_done:
-                raise done.error(f"'%{start.name}' already has a done")
-            starts_done.add(start.name)
-            found.append((comp, start, done))
-        for inst in comp.instructions:
-            if _is_start(inst, comp) and inst.name not in starts_done and not _is_pipelined(inst):
-                raise inst.error(f"async start '%{inst.name}' has no done in '{comp.name}'")
-    layout = execution_layout(module, {comp.name for comp, _, _ in found})
-    positions: dict[str, dict[str, int]] = {}
+        starts: list[Instruction] = []
+        async_ops: set[Instruction] = set()
+        control_flow[comp] = flow = []
+        for i, inst in enumerate(comp.instructions):
+            opcode = inst.opcode
+            if opcode in _STARTS:
+                starts.append(inst)  # checked once every done has claimed its start
+            elif opcode in _START_OF_DONE:
+                pair = _start_of(inst, comp)
+                if pair is None:
+                    continue
+                start, members = pair
+                if start.name in starts_done:
+                    raise inst.error(f"'%{start.name}' already has a done")
+                starts_done.add(start.name)
+                found.append((comp, start, inst, members))
+                if opcode not in _DONE_OF_SEND_RECV:
+                    async_ops.add(inst)
+            elif opcode in CONTROL_FLOW_CALLEES:
+                flow.append(i)
+        for inst in starts:
+            # A start a done completes is one (an async-start's collectives were found
+            # then); any other start must be one a later iteration completes.
+            if inst.name not in starts_done:
+                if not _is_start(inst):
+                    continue  # an async-start that runs no collective
+                if not _is_pipelined(inst):
+                    raise inst.error(f"async start '%{inst.name}' has no done in '{comp.name}'")
+            if inst.opcode not in _SEND_RECV:
+                async_ops.add(inst)
+        if async_ops:
+            not_work[comp.name] = async_ops
+    layout = execution_layout(module, {comp.name for comp, _, _, _ in found}, control_flow)
+    # Schedule positions by instruction (not name: no cold string read per instruction).
+    positions: dict[str, dict[Instruction, int]] = {}
     work: dict[str, list[int]] = {}
     pairs = []
-    for comp, start, done in found:
+    for comp, start, done, members in found:
         if comp.name not in positions:
-            positions[comp.name] = {inst.name: i for i, inst in enumerate(comp.instructions)}
-            work[comp.name] = _work_before(comp)
-        pairs.append(
-            _pair(module, comp, start, done, positions[comp.name], work[comp.name], layout, model)
-        )
+            positions[comp.name] = {inst: i for i, inst in enumerate(comp.instructions)}
+            work[comp.name] = _work_before(comp, not_work.get(comp.name, set()))
+        position, before = positions[comp.name], work[comp.name]
+        pairs.append(_pair(module, comp, start, done, members, position, before, layout, model))
     pairs.sort(key=lambda p: (p.start_time, p.start))
     return pairs
 
@@ -114,7 +150,9 @@ class Layout:
     """One execution of the program, on a clock that ticks at each instruction's
     start and end; callees of control flow run inside their calling instruction."""
 
-    offsets: dict[str, list[int]]  # computation -> ticks before each instruction starts
+    # computation -> ticks before each instruction starts (of those in ``wanted``, their
+    # callers and any running control flow: no other is asked)
+    offsets: dict[str, list[int]]
     bases: dict[str, list[int]]  # computation -> its start time at each call
 
     def times(self, computation: str, index: int) -> list[int]:
@@ -123,31 +161,40 @@ class Layout:
         return [base + offset + 1 for base in self.bases[computation]]
 
 
-def execution_layout(module: Module, wanted: set[str]) -> Layout:
+def execution_layout(
+    module: Module, wanted: set[str], control_flow: dict[Computation, list[int]]
+) -> Layout:
     """Lay the program out from ENTRY, every call site counted, for the computations
     in ``wanted`` (and those calling them). Computations not reached from ENTRY
     follow, once each, in text order. Iterative: call chains may be deep.
+    ``control_flow``: each computation's control-flow instructions, by position.
     """
-    callees = {comp.name: _control_flow_callees(module, comp) for comp in module.computations}
+    callees = {
+        comp.name: _control_flow_callees(module, comp, control_flow[comp])
+        for comp in module.computations
+    }
     order = _callers_first(module, callees)
-    sizes: dict[str, int] = {}
+    relevant = set(wanted)  # these and their callers
+    sizes: dict[str, int] = {}  # every computation's length in ticks
+    # The offsets of the relevant computations and of those running control flow: the
+    # others (most: fusions, reducers) are never asked when an instruction starts.
     offsets: dict[str, list[int]] = {}
     for name in reversed(order):  # callees first
         comp = module.computation(name)
         assert comp is not None
         calls, n = callees[name], len(comp.instructions)
         if not calls:  # no control flow (most computations): two ticks per instruction
-            starts, ticks = list(range(0, 2 * n, 2)), 2 * n
-        else:
-            ticks, starts = 0, []
-            for i in range(n):
-                starts.append(ticks)
-                ticks += 2 + sum(sizes[c] for c in calls.get(i, ()))
-        offsets[name], sizes[name] = starts, ticks
-    relevant = set(wanted)
-    for name in reversed(order):
-        if any(c in relevant for cs in callees[name].values() for c in cs):
+            sizes[name] = 2 * n
+            if name in relevant:
+                offsets[name] = list(range(0, 2 * n, 2))
+            continue
+        if any(c in relevant for cs in calls.values() for c in cs):
             relevant.add(name)
+        ticks, starts = 0, []
+        for i in range(n):
+            starts.append(ticks)
+            ticks += 2 + sum(sizes[c] for c in calls.get(i, ()))
+        offsets[name], sizes[name] = starts, ticks
     bases: dict[str, list[int]] = {name: [] for name in order}
     clock = 0
     reached = set(_reachable(module.entry.name, callees))
@@ -175,12 +222,14 @@ def execution_layout(module: Module, wanted: set[str]) -> Layout:
     return Layout(offsets, bases)
 
 
-def _control_flow_callees(module: Module, comp: Computation) -> dict[int, list[str]]:
-    """Instruction index -> the computations it runs as control flow."""
+def _control_flow_callees(
+    module: Module, comp: Computation, positions: list[int]
+) -> dict[int, list[str]]:
+    """Instruction index -> the computations it runs as control flow, for the control
+    flow instructions at ``positions``."""
     result: dict[int, list[str]] = {}
-    for i, inst in enumerate(comp.instructions):
-        if inst.opcode not in CONTROL_FLOW_CALLEES:
-            continue  # most instructions: no call, no list built
+    for i in positions:
+        inst = comp.instructions[i]
         for key, callee in control_flow_callees(inst):
             if module.computation(callee) is None:
                 raise inst.error_at_attribute(key, 0, f"unknown computation '{callee}'")
@@ -194,6 +243,10 @@ def _callers_first(module: Module, callees: dict[str, dict[int, list[str]]]) -> 
     post: list[str] = []
     for comp in module.computations:
         if comp.name in state:
+            continue
+        if not callees[comp.name]:  # most computations: done at once, no stack
+            state[comp.name] = 2
+            post.append(comp.name)
             continue
         stack = [(comp.name, iter([c for cs in callees[comp.name].values() for c in cs]))]
         state[comp.name] = 1
@@ -237,16 +290,12 @@ def _line_error(module: Module, line: int, message: str) -> HloError:
     )
 
 
-def _start_of(done: Instruction, comp: Computation) -> Instruction | None:
-    """The start that ``done`` completes, or None when ``done`` is no collective's done."""
+def _start_of(done: Instruction, comp: Computation) -> tuple[Instruction, list[Instruction]] | None:
+    """The start that ``done`` completes and the collectives the pair runs (the start, or
+    those an async-start wraps), or None when ``done`` is no collective's done."""
     opcode = done.opcode
-    if opcode in _DONE_OF_SEND_RECV:
-        expected = _DONE_OF_SEND_RECV[opcode]
-    elif opcode == "async-done":
-        expected = "async-start"
-    elif opcode.endswith("-done") and opcode.removesuffix("-done") in COLLECTIVES:
-        expected = opcode.removesuffix("-done") + "-start"
-    else:
+    expected = _START_OF_DONE.get(opcode)
+    if expected is None:
         return None
     names = done.operand_names
     if not names:
@@ -267,18 +316,19 @@ def _start_of(done: Instruction, comp: Computation) -> Instruction | None:
         raise done.error(
             f"the {expected} of {opcode} '%{done.name}' is missing: its operand is {found}"
         )
-    if opcode == "async-done" and not _wrapped(start):
+    if opcode != "async-done":
+        return start, [start]
+    members = _wrapped(start)
+    if not members:
         return None  # an async computation that is not a collective
-    return start
+    return start, members
 
 
-def _is_start(inst: Instruction, comp: Computation) -> bool:
+def _is_start(inst: Instruction) -> bool:
     opcode = inst.opcode
-    if opcode in ("send", "recv"):
-        return True
-    if opcode == "async-start":
-        return bool(_wrapped(inst))
-    return opcode.endswith("-start") and opcode.removesuffix("-start") in COLLECTIVES
+    if opcode not in _STARTS:
+        return False
+    return opcode != "async-start" or bool(_wrapped(inst))
 
 
 def _wrapped(start: Instruction) -> list[Instruction]:
@@ -301,8 +351,11 @@ def _wrapped(start: Instruction) -> list[Instruction]:
 
 
 def _is_pipelined(inst: Instruction) -> bool:
-    attributes = decode(inst, "frontend_attributes", parse_frontend_attributes)
-    return attributes is not None and PIPELINE_ATTRIBUTE in attributes
+    return PIPELINE_ATTRIBUTE in _frontend_attributes(inst)
+
+
+def _frontend_attributes(inst: Instruction) -> dict[str, str]:
+    return decode(inst, "frontend_attributes", parse_frontend_attributes) or {}
 
 
 def _pair(
@@ -310,18 +363,18 @@ def _pair(
     comp: Computation,
     start: Instruction,
     done: Instruction,
-    position: dict[str, int],
+    members: list[Instruction],
+    position: dict[Instruction, int],
     work: list[int],
     layout: Layout,
     model: StreamModel,
 ) -> AsyncPair:
-    # The instructions that carry the collective's attributes: the start, the
-    # collective it wraps, or (a collectives group) every collective it wraps; the
-    # group takes the kind of its first and the device groups of all.
-    members = _wrapped(start) if start.opcode == "async-start" else [start]
+    # ``members`` carry the collective's attributes: the start, the collective it
+    # wraps, or (a collectives group) every collective it wraps; the group takes the
+    # kind of its first and the device groups of all.
     op = members[0]
     kind = op.opcode.removesuffix("-start")
-    start_index, done_index = position[start.name], position[done.name]
+    start_index, done_index = position[start], position[done]
     if done_index <= start_index:
         raise done.error(f"'%{done.name}' is scheduled before its start '%{start.name}'")
     no_work_between = work[done_index] == work[start_index + 1]
@@ -337,7 +390,8 @@ def _pair(
             union.update(dict.fromkeys(device_groups(module, member, member.opcode)))
         groups = tuple(union)
     channels = [_channel(m) for m in members]
-    pipelined = _is_pipelined(start)
+    frontend = _frontend_attributes(start)  # decoded once: pipelined, and annotation below
+    pipelined = PIPELINE_ATTRIBUTE in frontend
     occurrences = tuple(
         zip(layout.times(comp.name, start_index), layout.times(comp.name, done_index), strict=True)
     )
@@ -357,7 +411,7 @@ def _pair(
         bytes=max(sum(s.byte_size for s in start.operand_shapes), done.shape.byte_size),
         start_line=start.line,
         lane=model.lane(sync=sync, pipelined=pipelined),
-        annotation=_annotation(start),
+        annotation=_annotation(start, frontend),
         occurrences=occurrences,
         channel=channels[0] if kind in ("send", "recv") else None,
     )
@@ -369,29 +423,20 @@ def _pair(
 _NO_WORK = frozenset({"parameter", "constant", "bitcast", "get-tuple-element"})
 
 
-def _work_before(comp: Computation) -> list[int]:
+def _work_before(comp: Computation, async_ops: set[Instruction]) -> list[int]:
     """How many instructions before each position (and the end) XLA's converter counts
     as work; a pair with none between its start and done is made synchronous (send
-    and recv aside: the converter leaves them alone). One pass per computation, so
-    each pair's question costs O(1) however many are in flight."""
+    and recv aside: the converter leaves them alone). ``async_ops``: the computation's
+    collective starts and dones but send's and recv's (found while pairing, so no
+    instruction is classified twice). One pass per computation, so each pair's
+    question costs O(1) however many are in flight."""
     counts = [0]
     n = 0
     for inst in comp.instructions:
-        if not (
-            inst.opcode in _NO_WORK
-            or (_is_start(inst, comp) and inst.opcode not in ("send", "recv"))
-            or (inst.opcode not in _DONE_OF_SEND_RECV and _start_of_or_none(inst, comp))
-        ):
+        if inst.opcode not in _NO_WORK and inst not in async_ops:
             n += 1
         counts.append(n)
     return counts
-
-
-def _start_of_or_none(inst: Instruction, comp: Computation) -> Instruction | None:
-    try:
-        return _start_of(inst, comp)
-    except HloError:
-        return None
 
 
 def _channel(op: Instruction) -> int | None:
@@ -411,11 +456,11 @@ def _channel(op: Instruction) -> int | None:
 _ANNOTATION_DIGITS = 6
 
 
-def _annotation(start: Instruction) -> int | None:
-    """The ``_xla_stream_annotation`` already on a start (a user's pin, or a stale one):
-    ASCII decimal digits, as XLA reads it; anything else is an error at the value."""
-    attributes = decode(start, "frontend_attributes", parse_frontend_attributes) or {}
-    value = attributes.get(STREAM_ATTRIBUTE)
+def _annotation(start: Instruction, frontend: dict[str, str]) -> int | None:
+    """The ``_xla_stream_annotation`` already on a start (a user's pin, or a stale one),
+    from its decoded ``frontend`` attributes: ASCII decimal digits, as XLA reads it;
+    anything else is an error at the value."""
+    value = frontend.get(STREAM_ATTRIBUTE)
     if value is None:
         return None
     if not (value.isascii() and value.isdigit()) or len(value) > _ANNOTATION_DIGITS:

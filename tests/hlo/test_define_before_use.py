@@ -74,6 +74,11 @@ INVALID: dict[str, tuple[str, str, str]] = {
         "%a)",
         "'%a' is not defined before '%r' in computation 'main'",
     ),
+    "undefined-after-a-comment-holding-a-bracket": (
+        entry("%w = f32[8]{0} add(%p /* ) */, %nosuch)", "ROOT %r = f32[8]{0} negate(%w)"),
+        "%nosuch",
+        "'%nosuch' is not defined before '%w'",
+    ),
     "tuple-element-of-undefined": (
         entry("ROOT %r = f32[8]{0} negate(%t#0)"),
         "%t#0",

@@ -47,6 +47,7 @@ _AXIS_REF = re.compile(r"'([^']+)'(?:\s*:\s*\(\s*(\d+)\s*\)\s*(\d+))?")
 _FRONTEND_ITEM = re.compile(r'([A-Za-z_][\w.\-]*)=(?:"((?:[^"\\]|\\.)*)"|(\{.*\}))')
 _MESH_FORM = "expected \"mesh['axis'=size,...] {'axis',...}\""
 _COMPUTATION = re.compile(r"%?([^\s(){}%,]+)")  # as a computation's header names it
+_CLOSER = {"[": "]", "(": ")", "{": "}"}
 
 # Control-flow instructions and the attributes naming the computations they run as
 # part of themselves, in the order they run them (a while's condition before its
@@ -265,7 +266,7 @@ def _iota_groups(value: str) -> Groups:
         )
     perm = _permutation(m.group(4), m.start(4), len(dims))
     flat = _transposed_iota(dims, perm)
-    return tuple(tuple(flat[g * group_size : (g + 1) * group_size]) for g in range(num_groups))
+    return tuple(itertools.batched(flat, group_size))
 
 
 def _mesh_groups(value: str) -> Groups:
@@ -276,21 +277,23 @@ def _mesh_groups(value: str) -> Groups:
     assert count is not None  # _mesh_axes checked it
     devices = _mesh_devices(value, devices_span, count)
     refs = _axis_refs(value, refs_open, refs_close, sizes)
-    spans_of: dict[str, list[tuple[tuple[int, int], int]]] = {}
-    for name, span, at in refs:
-        spans_of.setdefault(name, []).append((span, at))
     # Split each axis at the boundaries of its referenced sub-axes, major to minor,
     # so that every referenced (sub-)axis is a run of whole refined dimensions.
+    cuts: dict[str, set[int]] = {}  # axis -> its bounds, for the referenced axes
+    first_at: dict[str, int] = {}  # axis -> where its first reference is written
+    for name, span, at in refs:
+        if name not in cuts:
+            cuts[name], first_at[name] = {1, sizes[name]}, at
+        cuts[name].update(span)
     refined: list[int] = []  # sizes of the refined dimensions, mesh-major first
     where: dict[str, tuple[int, list[int]]] = {}  # axis -> (its first refined index, bounds)
     for name, size in sizes.items():
-        spans = spans_of.get(name, [])
-        bounds = sorted({1, size, *(b for span, _ in spans for b in span)})
+        bounds = sorted(cuts.get(name) or {1, size})
+        where[name] = (len(refined), bounds)
         for lo, hi in itertools.pairwise(bounds):
             if hi % lo:
-                raise ScanError(spans[0][1], f"sub-axes of mesh axis '{name}' overlap")
-        where[name] = (len(refined), bounds)
-        refined.extend(hi // lo for lo, hi in itertools.pairwise(bounds))
+                raise ScanError(first_at[name], f"sub-axes of mesh axis '{name}' overlap")
+            refined.append(hi // lo)
     # Refined dimensions of the grouped axes, in the order listed (each at most once).
     order: list[int] = []
     chosen: set[int] = set()
@@ -302,11 +305,13 @@ def _mesh_groups(value: str) -> Groups:
         chosen.update(run)
         order.extend(run)
     others = [i for i in range(len(refined)) if i not in chosen]
-    flat = [devices[i] for i in _transposed_iota(refined, others + order)]
+    flat = _transposed_iota(refined, others + order)
+    if devices is not None:
+        flat = [devices[i] for i in flat]
     group_size = 1
     for i in order:
         group_size *= refined[i]
-    return tuple(tuple(flat[g : g + group_size]) for g in range(0, len(flat), group_size))
+    return tuple(itertools.batched(flat, group_size))
 
 
 def _mesh_layout(value: str) -> tuple[int, int, tuple[int, int] | None, int, int]:
@@ -344,7 +349,7 @@ def _closing(value: str, at: int, opener: str) -> int:
     if not value.startswith(opener, at):
         raise ScanError(at, f"expected '{opener}'")
     close = find_closing(value, at)
-    closer = {"[": "]", "(": ")", "{": "}"}[opener]
+    closer = _CLOSER[opener]
     if value[close] != closer:
         raise ScanError(close, f"unbalanced '{value[close]}': expected '{closer}'")
     return close
@@ -358,7 +363,8 @@ def _mesh_axes(value: str, axes_open: int, axes_close: int) -> dict[str, int]:
         m = _MESH_AXIS.fullmatch(value, a, b)
         if m is None:
             raise ScanError(a, f"expected a mesh axis 'name'=size, found '{excerpt(value[a:b])}'")
-        name, size = m.group(1), parse_int(m.group(2), m.start(2))
+        name, digits = m.groups()
+        size = parse_int(digits, m.start(2))
         if name in sizes:
             raise ScanError(a, f"duplicate mesh axis '{excerpt(name)}'")
         if size < 1:
@@ -410,10 +416,11 @@ def _axis_refs(
     return refs
 
 
-def _mesh_devices(value: str, span: tuple[int, int] | None, count: int) -> list[int]:
-    """The device at each mesh position, in row-major order (default: iota)."""
+def _mesh_devices(value: str, span: tuple[int, int] | None, count: int) -> list[int] | None:
+    """The device at each mesh position, in row-major order; None for the default, iota
+    (device i at position i)."""
     if span is None:
-        return list(range(count))
+        return None
     a, b = span
     text = value[a:b]
     if (iota := _DEVICE_IDS_IOTA.fullmatch(text)) is not None:

@@ -48,9 +48,11 @@ MAX_DEVICES = 65536
 NAME = r"[A-Za-z_][A-Za-z0-9_.\-]*"
 # `[indent][ROOT ]%name = shape opcode(`. A tuple shape never contains `) word(`,
 # so the lazy `\(.*?\)` stops at the shape's own closing parenthesis. Anchored and
-# unambiguous: linear on any line.
+# unambiguous: linear on any line. Then, when no bracket nests in it (most lines), the
+# operand list up to its `)` (group 5; else None), read in the same call.
 _INSTRUCTION = re.compile(
     rf"[ \t]*(ROOT[ \t]+)?%?({NAME})[ \t]*=[ \t]*(\(.*?\)|\S+)[ \t]+([a-z][a-z0-9\-]*)\("
+    r"(?:([^()]*+)\))?"
 )
 # `[ENTRY ]%name`, then optionally `(params) -> shape`, then `{` (checked by
 # _computation_header: one regex for the whole line backtracks quadratically
@@ -68,6 +70,7 @@ _NO_OPERANDS = frozenset({"parameter", "constant", "iota", "rng-bit-generator-st
 # cycle and every recursion. Names in an operand list without nested brackets are read
 # with one regex (the identifier runs: `%`, spaces and `#index` suffixes fall between).
 _OPERAND_NAME = re.compile(rf"({NAME})(?:#[0-9]+)*")
+_PLAIN_OPERAND = re.compile(rf"%({NAME})")
 # An attribute that names computations (all but control-predecessors) or instructions,
 # and its value when a plain name or a braced list of them (else group 2 and 3 are None).
 _REFERENCE = re.compile(
@@ -313,12 +316,22 @@ class Instruction:
         if self.opcode in _NO_OPERANDS:
             return []
         source = self.source
+        start, end = self._operands_start, self._operands_span_end()
+        # `%name`, most operands (and the whole list of many), read as the loop's general
+        # case would read it.
+        plain = _PLAIN_OPERAND.fullmatch(source, start, end)
+        if plain is not None:
+            return [(plain.group(1), (), start + 1)]
         try:
-            spans = split_top_level(source, self._operands_start, self._operands_span_end())
+            spans = split_top_level(source, start, end)
         except ScanError as e:
             raise self._error(e.offset, e.message) from None
-        refs = []
+        refs: list[_OperandRef] = []
         for a, b in spans:
+            plain = _PLAIN_OPERAND.fullmatch(source, a, b)
+            if plain is not None:
+                refs.append((plain.group(1), (), a + 1))
+                continue
             # `[shape] %name[#index...]`, with /*index=N*/ comments anywhere.
             item = blank_comments(source[a:b])
             head, *indices = item.split("#")
@@ -359,20 +372,20 @@ class Instruction:
         except ScanError as e:
             raise self._error(e.offset, e.message) from None
         attributes: dict[str, str] = {}
-        previous = (0, 0)
+        previous = 0  # where the previous attribute starts
         for a, b in spans:
             eq = text.find("=", a, b)
             if eq < 0:
                 raise self._error(a, f"expected 'attribute=value', found '{excerpt(text[a:b])}'")
             key = text[a:eq]
-            if key == "device_ids" and text.startswith("replica_groups=mesh[", previous[0]):
+            if key == "device_ids" and text.startswith("replica_groups=mesh[", previous):
                 # `replica_groups=mesh[...], device_ids=(...) {axes}` is one value.
-                attributes["replica_groups"] = text[previous[0] + len("replica_groups=") : b]
+                attributes["replica_groups"] = text[previous + len("replica_groups=") : b]
                 continue
             if key in attributes:
                 raise self._error(a, f"duplicate attribute '{excerpt(key)}'")
             attributes[key] = text[eq + 1 : b]
-            previous = (a, b)
+            previous = a
         return attributes
 
     def _name_offset(self) -> int:
@@ -630,21 +643,67 @@ def parse_module(text: str, path: str = "<string>") -> Module:
     # not with seven str.count calls per line. UTF-8 keeps the lines ("\n" is no part
     # of any other character's bytes); surrogatepass, since a str may hold lone ones.
     skeletons = text.encode("utf-8", "surrogatepass").translate(None, _NOT_BRACKETS).split(b"\n")
-    balanced: dict[bytes, bool] = {}
+    # The distinct skeletons whose brackets do not pair up (most modules: none).
+    unbalanced = {s for s in set(skeletons) if not _is_balanced(s)}
+    # One string object per distinct shape and opcode, shared by the instructions that
+    # print it: less memory, and passes that test every instruction's opcode or look its
+    # shape up read a few hot strings, not one cold string per instruction. A shape is
+    # checked once, when first seen (parse_shape's own cache is shared and slower).
+    shapes: dict[str, str] = {}
+    opcodes: dict[str, str] = {}
     for index in range(first + 1, len(lines)):
         line = lines[index]
         line_no = index + 1
         if comp is not None:
             m = _INSTRUCTION.match(line)
             if m is not None:
-                skeleton = skeletons[index]
-                ok = balanced.get(skeleton)
-                if ok is None:
-                    ok = balanced[skeleton] = _is_balanced(skeleton)
-                inst = _add_instruction(module, comp, line, line_no, names, m, ok)
-                _check_references(inst, m.end(), defined, closed, forward)
-                defined.add(inst.name)
-                if inst.is_root:
+                # An instruction line (most lines): its checks run here, in the order
+                # they report, with helpers only for the rare cases; a module has tens
+                # of thousands of these lines, and each call or group() costs.
+                root, name, shape_text, opcode, operands = m.groups()
+                operands_start = m.end(4) + 1
+                if name in names:
+                    raise _line_error(
+                        module, line_no, m.start(2),
+                        f"duplicate instruction name '%{excerpt(name)}' (first defined at "
+                        f"line {names[name]})",
+                    )  # fmt: skip
+                names[name] = line_no
+                known = shapes.get(shape_text)
+                if known is not None:
+                    shape_text = known
+                else:
+                    try:
+                        parse_shape(shape_text)
+                    except ScanError as e:
+                        raise _line_error(
+                            module, line_no, m.start(3) + e.offset, e.message
+                        ) from None
+                    shapes[shape_text] = shape_text
+                if unbalanced and skeletons[index] in unbalanced:
+                    _check_brackets(module, line, line_no, operands_start)
+                opcode = opcodes.setdefault(opcode, opcode)
+                inst = Instruction(
+                    comp, line_no, line, name, shape_text, opcode, operands_start, root is not None
+                )
+                comp.instructions.append(inst)  # comp._add(inst), without the call
+                comp._by_name[name] = inst
+                # Define-before-use; the common case read here: an operand list with no
+                # nested bracket that is `%a, %b, ...`, each name defined before (names
+                # hold no `%`, `,`, space or `#`, so any other list fails the test).
+                if operands is None:  # a tuple shape or a literal nests
+                    end = _check_operands(inst, operands_start, -1, defined)
+                else:
+                    end = operands_start + len(operands)
+                    if opcode not in _NO_OPERANDS and not defined.issuperset(
+                        operands.removeprefix("%").split(", %")
+                    ):
+                        _check_operands(inst, operands_start, end, defined)
+                hit = _REFERENCE.search(line, end)
+                if hit is not None:
+                    _check_attribute_references(inst, hit, end, defined, closed, forward)
+                defined.add(name)
+                if root is not None:
                     if root_line:
                         raise _line_error(
                             module, line_no, m.start(1),
@@ -653,7 +712,7 @@ def parse_module(text: str, path: str = "<string>") -> Module:
                         )  # fmt: skip
                     root_line = line_no
                 if pending:
-                    comp._trivia[inst.name] = pending
+                    comp._trivia[name] = pending
                     pending = []
                 continue
             stripped = line.strip(WHITESPACE)
@@ -747,78 +806,64 @@ def _computation_header(line: str) -> re.Match[str] | None:
     return m if line[close - 1] == ")" else None
 
 
-def _add_instruction(
-    module: Module,
-    comp: Computation,
-    line: str,
-    line_no: int,
-    names: dict[str, int],
-    m: re.Match[str],
-    balanced: bool,
-) -> Instruction:
-    name = m.group(2)
-    if name in names:
-        raise _line_error(
-            module, line_no, m.start(2),
-            f"duplicate instruction name '%{excerpt(name)}' (first defined at line {names[name]})",
-        )  # fmt: skip
-    names[name] = line_no
-    shape_text = m.group(3)
+def _check_brackets(module: Module, line: str, line_no: int, operands_start: int) -> None:
+    """The exact bracket scan of an instruction line, run when the cheap count of its
+    brackets (_is_balanced) fails: brackets inside quoted strings can make it differ."""
     try:
-        parse_shape(shape_text)  # cached: a module repeats few distinct shapes
+        split_top_level(line, operands_start - 1)  # from the operand list's own "("
     except ScanError as e:
-        raise _line_error(module, line_no, m.start(3) + e.offset, e.message) from None
-    # Cheap balance check of the whole line (_is_balanced); the exact scan runs only
-    # when it fails (brackets inside quoted strings can make the counts differ).
-    if not balanced:
-        try:
-            split_top_level(line, m.end() - 1)  # from the operand list's own "("
-        except ScanError as e:
-            raise _line_error(module, line_no, e.offset, e.message) from None
-    inst = Instruction(
-        comp, line_no, line, name, shape_text, m.group(4), m.end(), m.group(1) is not None
-    )
-    comp._add(inst)
-    return inst
+        raise _line_error(module, line_no, e.offset, e.message) from None
 
 
 # (the instruction, the control predecessors it names, where they are written)
 _ForwardControl = tuple["Instruction", list[str], int, int]
 
+# HLO text's define-before-use rule, as XLA's parser enforces it: every operand of an
+# instruction is one defined before it in its computation, and every computation it
+# names one defined before its own. parse_module reads the common case itself (an
+# operand list `%a, %b, ...` of names defined before, no attribute naming a computation
+# or control predecessor); these read the rest.
 
-def _check_references(
+
+def _check_operands(inst: Instruction, operands_start: int, end: int, defined: set[str]) -> int:
+    """Every operand of ``inst`` is defined, for an operand list parse_module's test did
+    not pass; returns where the list ends for the attribute scan: ``end``, its ")" when no
+    bracket nests in it, or with ``end`` -1 (a tuple shape or a literal nests) its own
+    closing bracket."""
+    if end >= 0 and inst.source.find("/*", operands_start, end) >= 0:
+        end = -1  # a comment may hold the ")" taken for the list's end: read it exactly
+    if end < 0:
+        end = inst._operands_span_end()
+        if inst.opcode in _NO_OPERANDS:
+            return end
+    elif defined.issuperset(_OPERAND_NAME.findall(inst.source, operands_start, end)):
+        return end  # e.g. `%t#1` (element 1 of `%t`, as jax >= 0.11 prints it)
+    # The identifier runs include a shape's element type or a comment's words: only
+    # the exact reader can say which operand is undefined, if any.
+    if not defined.issuperset(inst.operand_names):
+        _undefined(inst, "operand", inst.operand_names, defined, operands_start, end)
+    return end
+
+
+def _check_attribute_references(
     inst: Instruction,
-    operands_start: int,
+    hit: re.Match[str] | None,  # the first; None ends the loop
+    end: int,
     defined: set[str],
     closed: set[str],
     forward: list[_ForwardControl],
 ) -> None:
-    """Every operand of ``inst`` is an instruction defined before it in its computation,
-    and every computation it names one defined before its own: HLO text's
-    define-before-use rule, as XLA's parser enforces it. A control predecessor may
-    come later (XLA prints double-buffered loops so, though its own parser refuses
-    them): it goes to ``forward``, checked when the computation closes."""
+    """The computations ``inst`` names, from its first _REFERENCE ``hit`` on: each must be
+    defined before ``inst``'s own. A control predecessor may come later (XLA prints
+    double-buffered loops so, though its own parser refuses them): it goes to
+    ``forward``, checked when the computation closes."""
     line = inst.source
-    end = line.find(")", operands_start)
-    if end < 0 or line.find("(", operands_start, end) >= 0:
-        end = inst._operands_span_end()  # a tuple shape or a literal nests
-        if inst.opcode not in _NO_OPERANDS and not defined.issuperset(inst.operand_names):
-            _undefined(inst, "operand", inst.operand_names, defined, operands_start, end)
-    elif (
-        inst.opcode not in _NO_OPERANDS
-        and not defined.issuperset(_OPERAND_NAME.findall(line, operands_start, end))
-        # The identifier runs include a shape's element type or a comment's words:
-        # only the exact reader can say which operand is undefined, if any.
-        and not defined.issuperset(inst.operand_names)
-    ):
-        _undefined(inst, "operand", inst.operand_names, defined, operands_start, end)
-    hit = _REFERENCE.search(line, end)
     while hit is not None:
         key, name, listed = hit.group(1, 2, 3)
         if line.find('"', end, hit.start()) >= 0 or (name is None and listed is None):
             # After a string (which may hold ", to_apply=") or not a plain name or list:
             # the exact attribute reader decides.
-            _check_attribute_references(inst, defined, closed, forward)
+            _check_attributes_exactly(inst, defined, closed, forward)
             return
         names = [name] if name is not None else _OPERAND_NAME.findall(listed)
         if key == "control-predecessors":
@@ -829,10 +874,10 @@ def _check_references(
         hit = _REFERENCE.search(line, hit.end())
 
 
-def _check_attribute_references(
+def _check_attributes_exactly(
     inst: Instruction, defined: set[str], closed: set[str], forward: list[_ForwardControl]
 ) -> None:
-    """_check_references' attribute half, with the attributes read exactly."""
+    """_check_attribute_references with the attributes read exactly."""
     from xla_streams.hlo.attributes import decode, parse_computation_names
 
     line = inst.source

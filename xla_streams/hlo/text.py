@@ -22,8 +22,21 @@ _NESTING = re.compile(r'[(){}\[\]"]|/\*')
 # costs one pass, and the scan stops there (an unterminated string), as it does at a
 # "/*" (a comment, stepped over with one find(), or an unterminated one). Linear.
 _STRING = r'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
-_SKIP_NESTED = re.compile(rf'(?:[^"(){{}}\[\]/]++|{_STRING}|/(?!\*))*+', re.DOTALL)
-_SKIP_TOP = re.compile(rf'(?:[^"(){{}}\[\],/]++|{_STRING}|/(?!\*))*+', re.DOTALL)
+_PLAIN = rf'[^"(){{}}\[\]/]++|{_STRING}|/(?!\*)'
+# Whole bracket groups are stepped over too, when they nest at most two deep, each
+# closed by its own kind, with no comment and no unterminated string: the Python loop
+# would push and pop them with no error and no comma at depth 0, so it need not see
+# them (`{0}`, `mesh[...] {...}`, `metadata={...}`, most JSON). Any other group fails
+# to match, and the loop reads it bracket by bracket. A failed try stops at the first
+# bracket nested deeper or not paired: each character is read at most three times, so
+# the scans stay linear.
+_FLAT_GROUP = rf"\((?:{_PLAIN})*+\)|\{{(?:{_PLAIN})*+\}}|\[(?:{_PLAIN})*+\]"
+_GROUP = (
+    rf"\((?:{_PLAIN}|{_FLAT_GROUP})*+\)|\{{(?:{_PLAIN}|{_FLAT_GROUP})*+\}}"
+    rf"|\[(?:{_PLAIN}|{_FLAT_GROUP})*+\]"
+)
+_SKIP_NESTED = re.compile(rf"(?:{_PLAIN}|{_GROUP})*+", re.DOTALL)
+_SKIP_TOP = re.compile(rf'(?:[^"(){{}}\[\],/]++|{_STRING}|/(?!\*)|{_GROUP})*+', re.DOTALL)
 _CLOSER = {"(": ")", "{": "}", "[": "]"}
 _CLOSERS = frozenset(_CLOSER.values())
 # What XLA's lexer skips between tokens (a CRLF file leaves "\r" at line ends).
@@ -92,8 +105,9 @@ def find_closing(s: str, open_index: int, end: int | None = None) -> int:
     """Index of the bracket that closes the one at ``s[open_index]``."""
     if end is None:
         end = len(s)
-    depth = 0
-    pos = open_index
+    # From inside the group: _SKIP_NESTED would step over the whole of it.
+    depth = 1
+    pos = open_index + 1
     while True:
         m = _SKIP_NESTED.match(s, pos, end)
         if m is None or (pos := m.end()) >= end:  # None only past the end
