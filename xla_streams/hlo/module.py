@@ -508,8 +508,9 @@ class Computation:
 class Module:
     """A parsed HLO module. ``print()`` gives the text back."""
 
-    def __init__(self, path: str, lines: list[str]) -> None:
+    def __init__(self, path: str, text: str, lines: list[str]) -> None:
         self.path = path
+        self._text = text
         self._lines = lines
         self.name = ""
         self.header_line = 1
@@ -555,12 +556,6 @@ class Module:
     def computation(self, name: str) -> Computation | None:
         return self._computations_by_name.get(name)
 
-    def add_computation(self, comp: Computation) -> None:
-        """Append a computation (printed last, after ENTRY)."""
-        self.computations.append(comp)
-        self._computations_by_name[comp.name] = comp
-        self._items.extend(["", comp])
-
     @property
     def header_attributes(self) -> dict[str, str]:
         """Raw `HloModule name, key=value, ...` attributes (e.g. `num_partitions`)."""
@@ -592,6 +587,8 @@ class Module:
         return self._lines[line - 1].rstrip("\r") if 0 < line <= len(self._lines) else ""
 
     def print(self) -> str:
+        if not self.changed:
+            return self._text  # what every line would print: its source
         out: list[str] = []
         for item in self._items:
             if isinstance(item, str):
@@ -607,7 +604,7 @@ def parse_module(text: str, path: str = "<string>") -> Module:
     # Split on "\n" only: a CRLF line keeps its "\r", read as trailing whitespace
     # and printed back as it was.
     lines = text.split("\n")
-    module = Module(path, lines)
+    module = Module(path, text, lines)
     # `//` comment lines (FileCheck RUN/CHECK lines in tests) may precede the header.
     first = 0
     while first < len(lines) - 1 and (
