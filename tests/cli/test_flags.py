@@ -62,6 +62,9 @@ def test_spellings(argv: list[str], changed: dict[str, Any], positional: list[st
         (["--quiet=maybe"], "flag --quiet=maybe: expected true or false"),
         (["--policy=random"], "flag --policy=random: expected one of interval, round-robin"),
         (["--budget=nan"], "flag --budget=nan: expected a finite number"),
+        (["--budget=1_0"], "flag --budget=1_0: expected a number"),
+        (["--budget=\u0664"], "flag --budget=\u0664: expected a number"),
+        (["---count=8"], "unknown flag '---count'"),
         (["--budget=0.5"], "flag --budget=0.5: expected a number at least 1.0"),
     ],
 )

@@ -88,7 +88,7 @@ def parse(argv: Sequence[str], table: Sequence[Flag]) -> tuple[dict[str, Any], l
         if not arg.startswith("-") or arg == "-":
             positional.append(arg)
             continue
-        name, has_value, value = arg.lstrip("-").partition("=")
+        name, has_value, value = arg[2 if arg.startswith("--") else 1 :].partition("=")
         flag = by_name.get(name)
         if flag is None and not has_value:
             negated = by_name.get(name.removeprefix("no").removeprefix("-"))
@@ -132,6 +132,9 @@ def _read_int(value: str) -> int:
 
 
 def _read_float(value: str) -> float:
+    # float() also reads '٤' (4) and '1_0' (10): a number here is ASCII, no separators.
+    if not value.isascii() or "_" in value:
+        raise ValueError("expected a number")
     try:
         number = float(value)
     except ValueError:
