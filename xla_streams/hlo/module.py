@@ -48,11 +48,12 @@ MAX_DEVICES = 65536
 NAME = r"[A-Za-z_][A-Za-z0-9_.\-]*"
 # `[indent][ROOT ]%name = shape opcode(`. A tuple shape never contains `) word(`,
 # so the lazy `\(.*?\)` stops at the shape's own closing parenthesis. Anchored and
-# unambiguous: linear on any line. Then, when no bracket nests in it (most lines), the
-# operand list up to its `)` (group 5; else None), read in the same call.
+# unambiguous: linear on any line. Then, when no bracket nests in it and no comment
+# (which may hold a ")") is in it, as in most lines, the operand list up to its `)`
+# (group 5; else None), read in the same call.
 _INSTRUCTION = re.compile(
     rf"[ \t]*(ROOT[ \t]+)?%?({NAME})[ \t]*=[ \t]*(\(.*?\)|\S+)[ \t]+([a-z][a-z0-9\-]*)\("
-    r"(?:([^()]*+)\))?"
+    r"(?:([^()/]*+)\))?"
 )
 # `[ENTRY ]%name`, then optionally `(params) -> shape`, then `{` (checked by
 # _computation_header: one regex for the whole line backtracks quadratically
@@ -688,7 +689,7 @@ def parse_module(text: str, path: str = "<string>") -> Module:
                 # Define-before-use; the common case read here: an operand list with no
                 # nested bracket that is `%a, %b, ...`, each name defined before (names
                 # hold no `%`, `,`, space or `#`, so any other list fails the test).
-                if operands is None:  # a tuple shape or a literal nests
+                if operands is None:  # a tuple shape, a literal or a comment in it
                     end = _check_operands(inst, operands_start, -1, defined)
                 else:
                     end = operands_start + len(operands)
@@ -825,18 +826,16 @@ _ForwardControl = tuple["Instruction", list[str], int, int]
 def _check_operands(inst: Instruction, operands_start: int, end: int, defined: set[str]) -> int:
     """Every operand of ``inst`` is defined, for an operand list parse_module's test did
     not pass; returns where the list ends for the attribute scan: ``end``, its ")" when no
-    bracket nests in it, or with ``end`` -1 (a tuple shape or a literal nests) its own
-    closing bracket."""
-    if end >= 0 and inst.source.find("/*", operands_start, end) >= 0:
-        end = -1  # a comment may hold the ")" taken for the list's end: read it exactly
+    bracket or comment is in it, or with ``end`` -1 (a tuple shape, a literal or a
+    comment in it) its own closing bracket."""
     if end < 0:
         end = inst._operands_span_end()
         if inst.opcode in _NO_OPERANDS:
             return end
     elif defined.issuperset(_OPERAND_NAME.findall(inst.source, operands_start, end)):
         return end  # e.g. `%t#1` (element 1 of `%t`, as jax >= 0.11 prints it)
-    # The identifier runs include a shape's element type or a comment's words: only
-    # the exact reader can say which operand is undefined, if any.
+    # The identifier runs include a shape's element type: only the exact reader can say
+    # which operand is undefined, if any.
     if not defined.issuperset(inst.operand_names):
         _undefined(inst, "operand", inst.operand_names, defined, operands_start, end)
     return end
