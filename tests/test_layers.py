@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 # of a part sits lower than the rest, that module.
 LAYERS: list[set[str]] = [
     {"hlo"},  # the IR: imports nothing of ours
-    {"collectives", "_io", "_log", "_text", "xla_options", "jax_compat", "runtime.abi"},
+    {"collectives", "_io", "_log", "_text", "_wire", "xla_options", "jax_compat", "runtime.abi"},
     {"passes"},  # each pass, and their shared base
     {"pipeline"},  # the registry, specs, the manager, settings -> passes
     {"report", "simulate", "runtime", "aot", "programs"},

@@ -344,22 +344,6 @@ def test_cuda_lowering_passes_the_device_assignment() -> None:
 # -- the hook glue ----------------------------------------------------------------------
 
 
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def field(number: int, payload: bytes | int) -> bytes:
-    if isinstance(payload, int):
-        return varint(number << 3) + varint(payload)
-    return varint(number << 3 | 2) + varint(len(payload)) + payload
-
-
 def test_default_pipelines_print_as_specs_that_parse_back() -> None:
     for passes in (HOST, CUDA, build_pipeline(2, "round-robin", runtime="cuda", devices=(0, 1))):
         assert parse_pipeline(",".join(p.spec() for p in passes)) == passes

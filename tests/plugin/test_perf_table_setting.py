@@ -24,6 +24,7 @@ import pytest
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before anything imports JAX
 
 from xla_streams import jax_compat, plugin
+from xla_streams._wire import encode_varint, field
 from xla_streams.hlo import parse_module
 from xla_streams.passes.base import Compilation
 from xla_streams.pipeline import PassManager
@@ -136,21 +137,8 @@ def test_a_missing_file_or_an_unsafe_path_stops_start_up(tmp_path: Path) -> None
 
 
 def test_a_binary_table_is_accepted(tmp_path: Path) -> None:
-    def varint(n: int) -> bytes:
-        out = bytearray()
-        while True:
-            out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
-            n >>= 7
-            if not n:
-                return bytes(out)
-
-    def field(number: int, payload: bytes | int) -> bytes:
-        if isinstance(payload, int):
-            return varint(number << 3) + varint(payload)
-        return varint(number << 3 | 2) + varint(len(payload)) + payload
-
-    shape = field(2, 11) + field(3, varint(262144))  # F32[262144]
-    iota = field(1, 1) + field(2, 8) + field(3, varint(8)) + field(4, varint(0))
+    shape = field(2, 11) + field(3, encode_varint(262144))  # F32[262144]
+    iota = field(1, 1) + field(2, 8) + field(3, encode_varint(8)) + field(4, encode_varint(0))
     instruction = field(2, b"all-reduce") + field(3, shape) + field(92, iota)
     profile = field(1, instruction) + field(6, 10_000_000_000)
     path = tmp_path / "table.pb"

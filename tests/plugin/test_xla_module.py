@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from xla_streams._wire import encode_varint, field
 from xla_streams.plugin.xla_module import (
     DeviceAssignment,
     device_assignment,
@@ -10,27 +11,12 @@ from xla_streams.plugin.xla_module import (
 )
 
 
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def field(number: int, payload: bytes | int) -> bytes:
-    if isinstance(payload, int):
-        return varint(number << 3) + varint(payload)
-    return varint(number << 3 | 2) + varint(len(payload)) + payload
-
-
 def test_device_assignment_gives_counts_and_the_device_of_each_logical_id() -> None:
     # DeviceAssignmentProto{replica_count=2, computation_count=2, computation_devices=[...]}:
     # partition p of replica r runs on computation_devices[p].replica_device_ids[r].
     assignment = field(1, 2) + field(2, 2)
     for ids in ([5, 7], [6, 4]):
-        assignment += field(3, field(1, b"".join(varint(i) for i in ids)))  # packed
+        assignment += field(3, field(1, b"".join(encode_varint(i) for i in ids)))  # packed
     proto = field(1, b"jit_f") + field(4, b"\x00" * 200) + field(15, assignment)
     assert device_assignment(proto) == DeviceAssignment(2, 2, (5, 6, 7, 4))
     assert device_assignment(field(1, b"jit_f")) is None

@@ -19,6 +19,7 @@ import pytest
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before anything imports JAX
 
 from xla_streams import jax_compat
+from xla_streams._wire import encode_varint, field
 from xla_streams.hlo import parse_module
 from xla_streams.simulate import (
     PerfTableError,
@@ -252,29 +253,14 @@ def test_a_users_table_replaces_the_vendored_one(tmp_path: Path) -> None:
         load_target(tmp_path / "bad.json")
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes | int) -> bytes:
-    if isinstance(payload, int):
-        return _varint(number << 3) + _varint(payload)
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
 def test_a_binary_table_reads_like_the_text(tmp_path: Path) -> None:
-    shape = _field(2, 11) + _field(3, _varint(262144))  # F32[262144], packed
-    groups = _field(49, b"".join(_field(1, d) for d in range(8)))
-    instruction = _field(2, b"all-reduce") + _field(3, shape) + groups
-    profile = _field(1, instruction) + _field(6, 10_000_000_000)
-    entry = _field(1, b"sm_90") + _field(2, _field(1, profile))
+    shape = field(2, 11) + field(3, encode_varint(262144))  # F32[262144], packed
+    groups = field(49, b"".join(field(1, d) for d in range(8)))
+    instruction = field(2, b"all-reduce") + field(3, shape) + groups
+    profile = field(1, instruction) + field(6, 10_000_000_000)
+    entry = field(1, b"sm_90") + field(2, field(1, profile))
     path = tmp_path / "mine.pb"
-    path.write_bytes(_field(2, entry))
+    path.write_bytes(field(2, entry))
     binary = load_perf_table(path).for_device("sm_90")
     text_path = tmp_path / "mine.txtpb"
     text_path.write_text(USER_TABLE)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from xla_streams._wire import encode_varint
 from xla_streams.hlo import parse_module
 from xla_streams.passes.assign_streams import assign_streams
 from xla_streams.simulate import (
@@ -96,18 +97,9 @@ def test_a_partial_profile_says_how_much_was_measured() -> None:
     assert model.profiled_time == 0 and model.modeled_time > 0
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
-
-
 def _cost(name: str, cost_us: float) -> bytes:
-    body = b"\x0a" + _varint(len(name)) + name.encode() + b"\x11" + struct.pack("<d", cost_us)
-    return b"\x0a" + _varint(len(body)) + body
+    body = b"\x0a" + encode_varint(len(name)) + name.encode() + b"\x11" + struct.pack("<d", cost_us)
+    return b"\x0a" + encode_varint(len(body)) + body
 
 
 def test_a_binary_profile_reads_like_the_text(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xla_streams import jax_compat
+from xla_streams._wire import field, varint_at
 
 
 @dataclass(frozen=True)
@@ -64,12 +65,12 @@ def device_assignment_field(assignment: DeviceAssignment) -> bytes:
     serializes one. Benchmarks and tests use this to hand the hook what a
     real compile would.
     """
-    message = _field(1, assignment.replica_count) + _field(2, assignment.num_partitions)
+    message = field(1, assignment.replica_count) + field(2, assignment.num_partitions)
     ids = assignment.device_ids
     for p in range(assignment.num_partitions if ids else 0):
         column = ids[p :: assignment.num_partitions]
-        message += _field(3, b"".join(_field(1, d) for d in column))
-    return _field(15, message)
+        message += field(3, b"".join(field(1, d) for d in column))
+    return field(15, message)
 
 
 def with_device_counts(text: str, assignment: DeviceAssignment | None) -> str:
@@ -147,10 +148,10 @@ def with_frontend_attributes(serialized: bytes, edits: Mapping[str, Mapping[str,
         for k, v in edits[key].items():
             current[k.encode("utf-8")] = v.encode("utf-8")
         entries = b"".join(
-            _field(_FRONTEND_ATTRIBUTES_MAP, _field(1, k) + _field(2, v))
+            field(_FRONTEND_ATTRIBUTES_MAP, field(1, k) + field(2, v))
             for k, v in sorted(current.items())
         )
-        return bytes(kept) + _field(_INSTRUCTION_FRONTEND_ATTRIBUTES, entries)
+        return bytes(kept) + field(_INSTRUCTION_FRONTEND_ATTRIBUTES, entries)
 
     out = _map_submessages(
         serialized,
@@ -168,7 +169,7 @@ def _map_submessages(data: bytes, number: int, change: Callable[[bytes], bytes])
     for n, value, raw in _raw_fields(data):
         if n == number and isinstance(value, bytes):
             new = change(value)
-            out += raw if new is value else _field(n, new)
+            out += raw if new is value else field(n, new)
         else:
             out += raw
     return bytes(out)
@@ -191,13 +192,13 @@ def _raw_fields(data: bytes) -> Iterator[tuple[int, int | bytes | None, bytes]]:
     i = 0
     while i < len(data):
         begin = i
-        key, i = _varint(data, i)
+        key, i = varint_at(data, i)
         number, wire = key >> 3, key & 7
         value: int | bytes | None
         if wire == 0:
-            value, i = _varint(data, i)
+            value, i = varint_at(data, i)
         elif wire == 2:
-            size, i = _varint(data, i)
+            size, i = varint_at(data, i)
             value = data[i : i + size]
             i += size
         elif wire == 1:
@@ -230,32 +231,6 @@ def _int64s(message: bytes) -> list[int]:
             continue
         i = 0
         while i < len(value):
-            v, i = _varint(value, i)
+            v, i = varint_at(value, i)
             values.append(v)
     return values
-
-
-def _field(number: int, value: bytes | int) -> bytes:
-    if isinstance(value, int):
-        return _encode_varint(number << 3) + _encode_varint(value)
-    return _encode_varint(number << 3 | 2) + _encode_varint(len(value)) + value
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[i]
-        i += 1
-        result |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return result, i

@@ -16,6 +16,8 @@ import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from xla_streams._wire import varint_at
+
 Scalar = str | int | float | bool
 
 
@@ -300,20 +302,12 @@ _FIXED_WIDTH = {1: 8, 5: 4}  # wire type -> bytes: 1 is 64-bit, 5 is 32-bit
 
 
 def read_varint(data: bytes, pos: int, path: str) -> tuple[int, int]:
-    """The base-128 varint at ``pos`` and the position after it; ProtoError when it is
-    truncated or longer than 10 bytes."""
-    result = shift = 0
-    while True:
-        if pos >= len(data):
-            raise ProtoError(f"truncated varint at byte {pos}", path=path)
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ProtoError(f"varint longer than 10 bytes at byte {pos}", path=path)
+    """The varint at ``pos`` and the position after it; ProtoError naming ``path`` when
+    it is truncated or too long."""
+    try:
+        return varint_at(data, pos)
+    except ValueError as e:
+        raise ProtoError(str(e), path=path) from None
 
 
 def _fixed_value(data: bytes, pos: int, width: int, kind: str) -> Scalar:
