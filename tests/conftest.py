@@ -6,6 +6,7 @@ import re
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 # jax >= 0.11 prints an async all-reduce with this attribute, which its own HLO
 # text parser then rejects. Tests that need XLA to parse printed text drop it: it
@@ -58,3 +59,24 @@ def alarm(seconds: int) -> Iterator[None]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+class CompiledStandIn:
+    """jax's Compiled as the tuner reads it: the HLO text of a real compile, and a memory
+    analysis of ``temp`` bytes of temporaries above ``resident`` bytes each of
+    arguments, outputs and aliases."""
+
+    def __init__(self, text: str, temp: int, resident: int = 0) -> None:
+        self.text, self.temp, self.resident = text, temp, resident
+
+    def as_text(self) -> str:
+        return self.text
+
+    def memory_analysis(self) -> SimpleNamespace:
+        return SimpleNamespace(
+            argument_size_in_bytes=self.resident,
+            output_size_in_bytes=self.resident,
+            alias_size_in_bytes=self.resident,
+            temp_size_in_bytes=self.temp,
+            peak_memory_in_bytes=self.temp + self.resident,
+        )

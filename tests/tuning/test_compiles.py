@@ -16,6 +16,7 @@ from typing import Any
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before anything imports JAX
 
 import pytest
+from conftest import CompiledStandIn
 
 import xla_streams
 from xla_streams import aot, jax_compat, programs
@@ -152,22 +153,6 @@ def test_this_xla_takes_every_option_the_tuner_searches() -> None:
     assert all(not isinstance(r, Refused) for r in each[1:]), each
 
 
-class _Stats:
-    argument_size_in_bytes = output_size_in_bytes = alias_size_in_bytes = 0
-    temp_size_in_bytes = peak_memory_in_bytes = 1 << 20
-
-
-class _Compiled:
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def as_text(self) -> str:
-        return self.text
-
-    def memory_analysis(self) -> _Stats:
-        return _Stats()
-
-
 class _OlderXla:
     """A stand-in for an XLA without the windowed-einsum threshold option."""
 
@@ -176,13 +161,13 @@ class _OlderXla:
                      "fsdp_scan.default.text.hlo").read_text()  # fmt: skip
         self.calls: list[dict[str, object]] = []
 
-    def compile(self, compiler_options: dict[str, object]) -> _Compiled:
+    def compile(self, compiler_options: dict[str, object]) -> CompiledStandIn:
         self.calls.append(compiler_options)
         if xo.WINDOWED_EINSUM_THRESHOLD_MIB in compiler_options:
             raise RuntimeError(
                 f"INVALID_ARGUMENT: No such compile option: '{xo.WINDOWED_EINSUM_THRESHOLD_MIB}'"
             )
-        return _Compiled(self.text)
+        return CompiledStandIn(self.text, temp=1 << 20)
 
 
 def test_an_option_this_xla_lacks_is_dropped_from_every_compile() -> None:

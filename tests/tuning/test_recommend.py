@@ -15,6 +15,7 @@ from typing import Any
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest
+from conftest import CompiledStandIn
 
 from xla_streams import xla_options as xo
 from xla_streams.collectives import StreamModel
@@ -30,29 +31,13 @@ FIXTURES = Path(__file__).resolve().parents[2] / "hlo_fixtures"
 LIMIT = xo.OVERLAP_LIMIT
 
 
-class _Stats:
-    argument_size_in_bytes = output_size_in_bytes = alias_size_in_bytes = 0
-    temp_size_in_bytes = peak_memory_in_bytes = 1 << 30
-
-
-class _Compiled:
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def as_text(self) -> str:
-        return self.text
-
-    def memory_analysis(self) -> _Stats:
-        return _Stats()
-
-
 class _Fixtures:
     """fsdp_scan on 8 H100s: the fixture of the overlap limit asked for."""
 
-    def compile(self, compiler_options: dict[str, object]) -> _Compiled:
+    def compile(self, compiler_options: dict[str, object]) -> CompiledStandIn:
         limit = compiler_options[LIMIT]
         name = "default" if limit == 1 else f"limit{limit}"
-        return _Compiled((FIXTURES / f"fsdp_scan.{name}.text.hlo").read_text())
+        return CompiledStandIn((FIXTURES / f"fsdp_scan.{name}.text.hlo").read_text(), temp=1 << 30)
 
 
 def _tune(**kwargs: Any) -> TuneResult:

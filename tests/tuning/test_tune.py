@@ -21,6 +21,7 @@ from typing import Any
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before anything imports JAX
 
 import pytest
+from conftest import CompiledStandIn
 
 import xla_streams
 from xla_streams import cli, xla_options
@@ -248,26 +249,6 @@ def test_an_unreadable_tune_file(tmp_path: Path) -> None:
 # -- the search, on fixture modules -------------------------------------------------------
 
 
-class _Stats:
-    def __init__(self, temp: int) -> None:
-        self.argument_size_in_bytes = 100 << 20
-        self.output_size_in_bytes = 100 << 20
-        self.alias_size_in_bytes = 100 << 20
-        self.temp_size_in_bytes = temp
-        self.peak_memory_in_bytes = temp + (100 << 20)
-
-
-class _Compiled:
-    def __init__(self, text: str, temp: int) -> None:
-        self.text, self.temp = text, temp
-
-    def as_text(self) -> str:
-        return self.text
-
-    def memory_analysis(self) -> _Stats:
-        return _Stats(self.temp)
-
-
 class _FixtureCompiler:
     """Stands in for a Lowered: the fixture of fsdp_scan on 8 H100s closest to the
     options (every pipelined compile gets the one with the pipeliner on), or XLA's
@@ -278,7 +259,7 @@ class _FixtureCompiler:
         self.huge = huge
         self.calls: list[dict[str, object]] = []
 
-    def compile(self, compiler_options: dict[str, object]) -> _Compiled:
+    def compile(self, compiler_options: dict[str, object]) -> CompiledStandIn:
         self.calls.append(compiler_options)
         if compiler_options[DB]:
             raise RuntimeError("INVALID_ARGUMENT: no fixture for these options")
@@ -286,7 +267,9 @@ class _FixtureCompiler:
         name = "limit4_pipelined" if pipelined else f"limit{compiler_options[LIMIT]}"
         name = name.replace("limit1", "default")
         temp = 200 << 30 if self.huge(compiler_options) else 1 << 30
-        return _Compiled((FIXTURES / f"fsdp_scan.{name}.text.hlo").read_text(), temp)
+        return CompiledStandIn(
+            (FIXTURES / f"fsdp_scan.{name}.text.hlo").read_text(), temp, resident=100 << 20
+        )
 
 
 def _tune_fixtures(compiler: _FixtureCompiler, **kwargs: Any) -> TuneResult:
