@@ -15,11 +15,11 @@ COMPAT_VENV := .venv-jax$(COMPAT_JAX)
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
 COMPAT_TESTS := unmodified_script or ffi_mode_from or bad_values_stop or strict_mode_from
 
-.PHONY: demo test typecheck compat chromium python
+.PHONY: demo test typecheck compat chromium bazel-test python
 demo: $(STAMP)
 	$(VENV)/bin/xla-streams demo
 
-test: $(STAMP) chromium compat
+test: $(STAMP) chromium compat bazel-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(MAKE) --no-print-directory typecheck
@@ -43,6 +43,13 @@ compat: $(COMPAT_STAMP)
 # Headless Chromium renders the HTML report in a test (Debian's package; CI runs as root).
 chromium:
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+# BUILD under Bazel 4.2.3 (Debian's bazel-bootstrap, offline): builds //... and runs its
+# tests. Bazel's output and caches stay in build/bazel.
+BAZEL := bazel --output_user_root=$(CURDIR)/build/bazel
+bazel-test: $(STAMP)
+	@command -v bazel >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bazel-bootstrap >/dev/null; }
+	$(BAZEL) test //...
 
 python:
 	@test -n "$(PYTHON)" || { echo "Python 3.12 not found: install it, or run make PYTHON=/path/to/python3.12" >&2; exit 1; }

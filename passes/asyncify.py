@@ -24,11 +24,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xla_streams.collectives import KINDS as COLLECTIVE_KINDS
+from xla_streams.collectives import KINDS
 from xla_streams.hlo import Computation, Instruction, Module
 from xla_streams.passes.base import Compilation, Fact, ModulePass
 from xla_streams.passes.lower_to_ffi import plan_collective
-from xla_streams.runtime.abi import KINDS
+from xla_streams.runtime.abi import FFI_KINDS
 
 _STALE = frozenset(
     {Fact.ASYNC_PAIRS, Fact.STREAMS_ASSIGNED, Fact.STREAMS_VERIFIED, Fact.STREAMS_ANNOTATED}
@@ -58,7 +58,7 @@ def _asyncify_computation(module: Module, comp: Computation) -> list[str]:
     candidates = [
         inst
         for inst in comp.instructions
-        if inst.opcode in KINDS
+        if inst.opcode in FFI_KINDS
         and not isinstance(
             plan_collective(
                 module,
@@ -112,7 +112,7 @@ def _split(comp: Computation, c: Instruction) -> tuple[Instruction, Instruction]
     kind = c.opcode
     operand_shapes = c.operand_shape_texts
     ins = operand_shapes[0] if len(operand_shapes) == 1 else f"({', '.join(operand_shapes)})"
-    if COLLECTIVE_KINDS[kind].async_form == "wrapped":  # the wrapper's ((operands), result)
+    if KINDS[kind].async_form == "wrapped":  # the wrapper's ((operands), result)
         start_shape = f"(({', '.join(operand_shapes)}), {c.shape_text})"
     elif kind == "all-reduce":  # reduces in place: the start holds the result
         start_shape = c.shape_text

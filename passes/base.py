@@ -1,5 +1,5 @@
 """What every pass shares: the facts passes establish, the compilation they work on,
-the base class, and the errors a pass raises.
+the base class, and the error of a pipeline that cannot run as written.
 
 A pass is a frozen dataclass: ``name`` says what it is called in a pipeline spec,
 its fields are its options, ``requires``/``ensures`` are the facts it needs
@@ -14,8 +14,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from xla_streams.collectives import AsyncPair, StreamAssignment
 from xla_streams.hlo import Module
+from xla_streams.streams import AsyncPair, StreamAssignment
 
 
 class Fact(enum.StrEnum):
@@ -40,10 +40,6 @@ class Compilation:
 
 class PipelineError(Exception):
     """A pipeline that cannot be built or run as written (not bad HLO input)."""
-
-
-class VerificationError(Exception):
-    """An invariant of the stream assignment does not hold."""
 
 
 @dataclass(frozen=True)

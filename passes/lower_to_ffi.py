@@ -35,8 +35,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from xla_streams.collectives import KINDS as COLLECTIVE_KINDS
-from xla_streams.collectives import AsyncPair
+from xla_streams.collectives import KINDS
 from xla_streams.hlo import Computation, Instruction, Module, parse_shape
 from xla_streams.hlo.attributes import decode, parse_int_list
 from xla_streams.hlo.text import blank_comments
@@ -45,11 +44,12 @@ from xla_streams.runtime.abi import (
     BACKENDS,
     DONE_TARGET,
     ELEMENT_TYPES,
-    KINDS,
+    FFI_KINDS,
     START_TARGET,
     Backend,
     CollectiveCall,
 )
+from xla_streams.streams import AsyncPair
 
 # to_apply root opcode -> reduction name in the runtime (abi.REDUCTIONS).
 REDUCTIONS = {
@@ -115,7 +115,7 @@ def plan_collective(
     backend: Backend,
 ) -> RuntimeCall | str:
     """The runtime's view of collective ``op`` or, if it cannot run it, the reason."""
-    if kind not in KINDS:
+    if kind not in FFI_KINDS:
         return f"the runtime does not implement {kind}"
     if op.attribute("slice_sizes") is not None:
         return "in-place collective-permute with slices"
@@ -132,7 +132,7 @@ def plan_collective(
     if any(leaf.dynamic for leaf in ins + outs):
         return "dynamic shapes"
     reduction = ""
-    if COLLECTIVE_KINDS[kind].reduces:
+    if KINDS[kind].reduces:
         found = reduction_of(module, op)
         if found is None:
             computation = op.attribute("to_apply")
@@ -230,7 +230,7 @@ def lower_to_ffi(
         plan = _plan_pair(module, comp, start, done, pair.kind, backend, users_of[comp.name])
         if isinstance(plan, str):
             message = f"lower-to-ffi: {pair.kind} '%{pair.start}' stays with XLA: {plan}"
-            if backend == "host" and pair.kind in KINDS:
+            if backend == "host" and pair.kind in FFI_KINDS:
                 raise PipelineError(message.replace("stays with XLA", "cannot be lowered"))
             log.info(message)
             continue

@@ -20,6 +20,23 @@ def xla_parsable(text: str) -> str:
     return _UNPARSABLE_ALIASING.sub("", text)
 
 
+# The reducer the tests' all-reduces and reduce-scatters apply (``to_apply=%add``).
+ADD_REDUCER = """\
+%add (lhs: f32[], rhs: f32[]) -> f32[] {
+  %lhs = f32[] parameter(0)
+  %rhs = f32[] parameter(1)
+  ROOT %sum = f32[] add(%lhs, %rhs)
+}
+"""
+
+
+def hlo_module(header: str, body: str) -> str:
+    """The text of a module: its ``HloModule`` line, a blank line, :data:`ADD_REDUCER`, a
+    blank line, then ``body`` (its ENTRY and other computations). The layout is fixed,
+    so a test may name the line of an instruction: the reducer takes lines 3 to 7."""
+    return f"{header}\n\n{ADD_REDUCER}\n{body}"
+
+
 # One module in the layouts XLA's parser accepts: tabs, comment and blank lines inside
 # computations, `)->` without spaces (tests/test_hlo_roundtrip.py checks each against
 # jaxlib's parser); REPLICA_GROUPS stands for a spelling of the groups.

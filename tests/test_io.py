@@ -16,18 +16,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import hlo_module
 
 from xla_streams._io import atomic_write, atomic_write_many
 
-MODULE = """\
-HloModule m, is_scheduled=true, num_partitions=2
-
-%add (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %sum = f32[] add(%a, %b)
-}
-
+MODULE = hlo_module(
+    "HloModule m, is_scheduled=true, num_partitions=2",
+    """\
 ENTRY %main (p: f32[8]) -> f32[8] {
   %p = f32[8]{0} parameter(0)
   %s = f32[8]{0} all-reduce-start(%p), channel_id=1, replica_groups={{0,1}}, use_global_device_ids=true, to_apply=%add
@@ -35,7 +30,8 @@ ENTRY %main (p: f32[8]) -> f32[8] {
   %d = f32[8]{0} all-reduce-done(%s)
   ROOT %r = f32[8]{0} add(%d, %w)
 }
-"""
+""",
+)
 
 
 def xla_streams(*args: str | Path) -> subprocess.CompletedProcess[str]:

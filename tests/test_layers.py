@@ -1,5 +1,7 @@
 """The architecture as a test: each module imports only its own layer or those below,
-no import loop runs between the parts of the package, the compile hook never reaches
+no import loop runs between the parts of the package, the simulator and the tuner
+call the stream analyses and never a pass, the package imports its own modules at
+the top of a module unless a reason is written down, the compile hook never reaches
 the CLI, JAX's internals are touched in ``jax_compat.py`` alone, and the tools use
 the package as any user's program would.
 
@@ -15,17 +17,44 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Lowest first. A module may import its own layer and the layers before it. An entry
 # is a part of the package (a subpackage or a top-level module) or, where one module
-# of a part sits lower than the rest, that module.
+# of a part sits elsewhere than the rest, that module.
 LAYERS: list[set[str]] = [
-    {"hlo"},  # the IR: imports nothing of ours
-    {"collectives", "_io", "_log", "_text", "_wire", "xla_options", "jax_compat", "runtime.abi"},
-    {"passes"},  # each pass, and their shared base
-    {"pipeline"},  # the registry, specs, the manager, settings -> passes
-    {"report", "simulate", "runtime", "aot", "programs"},
+    {"_io", "_json", "_log", "_text", "_wire", "xla_options", "jax_compat"},  # nothing of ours
+    {"hlo"},  # the IR
+    {"collectives", "runtime.abi"},  # what a collective is; what the ffi runtime runs
+    {"streams"},  # the analyses: pairs, the deadlock rule, the assignment, verification
+    {"simulate", "runtime", "aot", "programs"},  # the simulator calls the analyses
     {"tuning"},  # JAX-free but for the compiles of its candidates
+    {"passes"},  # each pass a thin ModulePass over streams, and their shared base
+    {"pipeline"},  # the registry, specs, the manager
+    {"report"},  # a compilation's assignment, as JSON and text
     {"plugin"},  # reads tune results through tuning.result
     {"cli", "__main__"},
 ]
+# Parts that reach the analyses directly and never through a pass.
+WITHOUT_PASSES = ("simulate", "tuning")
+# Imports of the package's own modules inside a function, (importer, imported) -> why
+# it cannot sit at the top of the importer: the command line's start-up (an offline
+# command loads only what it runs; tests/cli checks that none loads JAX), the compile
+# hook's (it runs in every JAX process with the plugin on, most without reports), or
+# a cycle.
+LAZY_IMPORTS: dict[tuple[str, str], str] = {
+    ("xla_streams.cli", "xla_streams.aot"): "start-up: the demo's flags only",
+    ("xla_streams.cli", "xla_streams.programs"): "start-up: the demo's flags only",
+    ("xla_streams.cli", "xla_streams.cli.demo"): "start-up: JAX, for the demo only",
+    ("xla_streams.cli", "xla_streams.cli.simulate"): "start-up: the simulator, for simulate",
+    ("xla_streams.cli", "xla_streams.cli.tune"): "start-up: the tuner, for tune",
+    ("xla_streams.cli", "xla_streams.report"): "start-up: opt writes no report (10 ms)",
+    ("xla_streams.plugin.hook", "xla_streams.report"): "reports: with a report directory only",
+    ("xla_streams.plugin.hook", "xla_streams.simulate.measured"): "the simulator: HTML only",
+    ("xla_streams.plugin.hook", "xla_streams.simulate.visual"): "the simulator: HTML only",
+    ("xla_streams.plugin.settings", "xla_streams.simulate.measured"): (
+        "the simulator: only with the perf_table setting"
+    ),
+    ("xla_streams.runtime", "xla_streams.runtime.build"): (
+        "the C++ build (argparse, sysconfig, subprocess): only when a library is missing"
+    ),
+}
 _JAX_INTERNALS = ("jax._src", "jaxlib.")
 
 
@@ -150,3 +179,40 @@ def test_tools_import_the_package_at_the_top_and_nothing_private() -> None:
                 if any(part.startswith("_") for part in n.split(".")[1:])
             ]
     assert private == []
+
+
+def test_the_simulator_and_the_tuner_import_no_pass() -> None:
+    reaching = sorted(
+        f"{module} imports {target}"
+        for module, targets in _graph().items()
+        if _entry(module).split(".")[0] in WITHOUT_PASSES
+        for target in targets
+        if _entry(target) == "passes"
+    )
+    assert reaching == []
+
+
+def _function_level_imports(path: Path, modules: set[str]) -> set[str]:
+    """The package's own modules that ``path`` imports inside a function."""
+    found = set()
+    for function in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [f"{node.module}.{a.name}" for a in node.names]
+                found |= {n for n in names if n in modules} or {node.module}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+    return {m for m in found if m.split(".")[0] == "xla_streams"}
+
+
+def test_the_package_imports_itself_at_the_top_unless_a_reason_is_written() -> None:
+    modules = _modules()
+    lazy = {
+        (module, target)
+        for module, path in modules.items()
+        for target in _function_level_imports(path, set(modules))
+    }
+    assert sorted(lazy - LAZY_IMPORTS.keys()) == []  # move it up, or say why not
+    assert sorted(LAZY_IMPORTS.keys() - lazy) == []  # an entry nothing needs

@@ -1,5 +1,5 @@
-"""Reports of a stream assignment: the JSON (schema v2), the table, the short forms,
-and atomic_write.
+"""Reports of a stream assignment: the JSON (schema v2) and its index, read back with
+located errors; the table, the short forms, and atomic_write.
 
 The expectations come from reading the small modules below (which pairs overlap,
 which share devices), not from running the code that makes the report.
@@ -15,20 +15,23 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import hlo_module
 
 from xla_streams._io import atomic_write, atomic_write_many
-from xla_streams.collectives import StreamModel
+from xla_streams.collectives import StreamModel, format_groups
 from xla_streams.hlo import parse_module
 from xla_streams.passes.base import Compilation
 from xla_streams.pipeline import PassManager, build_pipeline
 from xla_streams.report import (
     SCHEMA,
+    AssignmentReport,
+    IndexEntry,
+    ReportedCollective,
+    ReportError,
+    ReportIndex,
     build_report,
-    format_groups,
     format_table,
     human_bytes,
-    schema_problems,
-    to_json,
     write_reports,
 )
 
@@ -40,14 +43,9 @@ from xla_streams.report import (
 # these tests use) on the compute stream, no collective stream. %cp is a permute in
 # a while body, alone in flight there but inside the span of nothing else.
 JAX_11 = StreamModel(overlap_limit=4, sync_on_compute=True)
-MODULE = """HloModule mesh, is_scheduled=true, num_partitions=8
-
-%add (lhs: f32[], rhs: f32[]) -> f32[] {
-  %lhs = f32[] parameter(0)
-  %rhs = f32[] parameter(1)
-  ROOT %sum = f32[] add(%lhs, %rhs)
-}
-
+MODULE = hlo_module(
+    "HloModule mesh, is_scheduled=true, num_partitions=8",
+    """\
 %cond (c: (s32[], f32[1024])) -> pred[] {
   %c = (s32[], f32[1024]{0}) parameter(0)
   %ci = s32[] get-tuple-element(%c), index=0
@@ -86,7 +84,8 @@ ENTRY %main (p: f32[1024]) -> f32[1024] {
   %loop = (s32[], f32[1024]{0}) while(%init), condition=%cond, body=%body
   ROOT %out = f32[1024]{0} get-tuple-element(%loop), index=1
 }
-"""
+""",
+)
 
 
 def compile_(
@@ -96,79 +95,95 @@ def compile_(
     return PassManager(passes).run(Compilation(parse_module(text, "mesh.hlo")))
 
 
-def by_start(report: dict[str, object]) -> dict[str, dict[str, object]]:
-    return {c["start"]: c for c in report["collectives"]}  # type: ignore[attr-defined,index]
+def by_start(report: AssignmentReport) -> dict[str, ReportedCollective]:
+    return {c.start: c for c in report.collectives}
+
+
+def round_trip(report: AssignmentReport) -> AssignmentReport:
+    return AssignmentReport.from_json(report.to_json(), "report.json")
 
 
 def test_json_fields_follow_the_schema_and_the_module() -> None:
     report = build_report(compile_())
-    assert list(report)[:6] == ["schema", "module", "streams", "policy", "collectives", "summary"]
-    assert report["schema"] == SCHEMA == "xla_streams.assignment.v2"
-    assert (report["module"], report["streams"], report["policy"]) == ("mesh", 4, "interval")
+    data = json.loads(report.to_json())
+    assert list(data) == ["schema", "module", "streams", "policy", "collectives", "summary"]
+    assert data["schema"] == SCHEMA == "xla_streams.assignment.v2"
+    assert (report.module, report.streams, report.policy) == ("mesh", 4, "interval")
     c = by_start(report)
     assert set(c) == {"tp", "dp", "tp2", "sync", "cp"}
-    assert c["tp"] | {} == {
-        "computation": "main",
-        "start": "tp",
-        "done": "tp.done",
-        "kind": "all-reduce",
-        "start_index": 1,
-        "done_index": 5,
-        "sync": False,
-        "pipelined": False,
-        "runs_on": "communication",
-        "stream": c["tp"]["stream"],
-        "calls": 1,
-        "groups": [[0, 1, 2, 3], [4, 5, 6, 7]],
-        "bytes": 4096,
-        "serialized_by": None,
+    assert c["tp"] == ReportedCollective(
+        computation="main",
+        start="tp",
+        done="tp.done",
+        kind="all-reduce",
+        start_index=1,
+        done_index=5,
+        sync=False,
+        pipelined=False,
+        runs_on="communication",
+        stream=c["tp"].stream,
+        calls=1,
+        groups=((0, 1, 2, 3), (4, 5, 6, 7)),
+        bytes=4096,
+        serialized_by=None,
+        reassigned=None,
+    )
+    assert data["collectives"][0] == {
+        "computation": "main", "start": "tp", "done": "tp.done", "kind": "all-reduce",
+        "start_index": 1, "done_index": 5, "sync": False, "pipelined": False,
+        "runs_on": "communication", "stream": c["tp"].stream, "calls": 1,
+        "groups": [[0, 1, 2, 3], [4, 5, 6, 7]], "bytes": 4096, "serialized_by": None,
         "reassigned": None,
-    }
-    assert c["dp"]["groups"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    assert (c["cp"]["computation"], c["cp"]["start_index"], c["cp"]["done_index"]) == ("body", 3, 5)
-    assert c["cp"]["groups"] == [[i, (i + 1) % 8] for i in range(8)]
+    }  # fmt: skip
+    assert c["dp"].groups == ((0, 4), (1, 5), (2, 6), (3, 7))
+    assert (c["cp"].computation, c["cp"].start_index, c["cp"].done_index) == ("body", 3, 5)
+    assert c["cp"].groups == tuple((i, (i + 1) % 8) for i in range(8))
     # The rule ties tp2 to tp; dp runs beside them; sync gets none.
-    assert c["tp2"]["stream"] == c["tp"]["stream"] != c["dp"]["stream"]
-    assert c["tp2"]["serialized_by"] == "rule"
-    assert c["sync"]["sync"] is True and c["sync"]["stream"] is None
-    assert c["sync"]["runs_on"] == "compute"
-    assert schema_problems(report) == []
+    assert c["tp2"].stream == c["tp"].stream != c["dp"].stream
+    assert c["tp2"].serialized_by == "rule"
+    assert c["sync"].sync is True and c["sync"].stream is None
+    assert c["sync"].runs_on == "compute"
+    assert round_trip(report) == report
     # Compiled with settings unknown, the sync one may be XLA 0.10's async thunk on
     # stream 0: it is assumed so, and takes part in the rule.
-    unknown = by_start(build_report(compile_(model=StreamModel())))
-    assert (unknown["sync"]["runs_on"], unknown["sync"]["stream"]) == ("communication", 0)
+    unknown = build_report(compile_(model=StreamModel()))
+    assert (by_start(unknown)["sync"].runs_on, by_start(unknown)["sync"].stream) == (
+        "communication",
+        0,
+    )
+    assert round_trip(unknown) == unknown
 
 
 def test_summary_counts() -> None:
-    summary = build_report(compile_())["summary"]
-    assert summary["async_pairs"] == 5
-    assert summary["assigned"] == 4  # all but %sync
-    assert summary["streams_used"] == 2  # {tp, tp2} and dp; cp reuses a free one
-    assert summary["max_in_flight"] == 3  # tp, dp, tp2
-    assert summary["serialized"] == summary["serialized_by_rule"] == 1
-    assert summary["serialized_by_bound"] == 0
-    assert summary["sync"] == 1 and summary["pipelined"] == 0
-    assert summary["pairs_by_kind"] == {"all-reduce": 4, "collective-permute": 1}
-    assert summary["max_in_flight_by_computation"] == {"body": 1, "main": 3}
+    summary = build_report(compile_()).summary
+    assert summary.async_pairs == 5
+    assert summary.assigned == 4  # all but %sync
+    assert summary.streams_used == 2  # {tp, tp2} and dp; cp reuses a free one
+    assert summary.max_in_flight == 3  # tp, dp, tp2
+    assert summary.serialized == summary.serialized_by_rule == 1
+    assert summary.serialized_by_bound == 0
+    assert summary.sync == 1 and summary.pipelined == 0
+    assert summary.pairs_by_kind == {"all-reduce": 4, "collective-permute": 1}
+    assert summary.max_in_flight_by_computation == {"body": 1, "main": 3}
 
 
 def test_one_stream_serializes_by_the_bound_and_by_the_rule() -> None:
     report = build_report(compile_(streams=1))
     c = by_start(report)
-    assert {c[n]["stream"] for n in ("tp", "dp", "tp2", "cp")} == {0}
-    assert c["dp"]["serialized_by"] == "bound"  # could have run beside tp with a second stream
-    assert c["tp2"]["serialized_by"] == "rule"  # shares devices with tp: never beside it
-    assert c["tp"]["serialized_by"] is None  # first on its stream
-    s = report["summary"]
-    assert (s["serialized"], s["serialized_by_bound"], s["serialized_by_rule"]) == (2, 1, 1)
-    assert s["streams_used"] == 1
-    assert schema_problems(report) == []
+    assert {c[n].stream for n in ("tp", "dp", "tp2", "cp")} == {0}
+    assert c["dp"].serialized_by == "bound"  # could have run beside tp with a second stream
+    assert c["tp2"].serialized_by == "rule"  # shares devices with tp: never beside it
+    assert c["tp"].serialized_by is None  # first on its stream
+    s = report.summary
+    assert (s.serialized, s.serialized_by_bound, s.serialized_by_rule) == (2, 1, 1)
+    assert s.streams_used == 1
+    assert round_trip(report) == report
 
 
 def test_round_robin_policy_is_reported() -> None:
     report = build_report(compile_(policy="round-robin"))
-    assert report["policy"] == "round-robin"
-    assert schema_problems(report) == []
+    assert report.policy == "round-robin"
+    assert round_trip(report) == report
 
 
 def test_report_needs_an_assignment() -> None:
@@ -180,10 +195,10 @@ def test_report_needs_an_assignment() -> None:
 
 
 def test_json_text_is_valid_stable_and_one_collective_per_line() -> None:
-    text = to_json(build_report(compile_()))
+    text = build_report(compile_()).to_json()
     assert text.endswith("}\n")
-    assert json.loads(text) == build_report(compile_())
-    assert to_json(build_report(compile_())) == text
+    assert AssignmentReport.from_json(text) == build_report(compile_())
+    assert build_report(compile_()).to_json() == text
     rows = [line for line in text.splitlines() if line.lstrip().startswith('{"computation"')]
     assert len(rows) == 5
     # Collectives in the order they start in the execution: main's three, sync, then cp.
@@ -194,8 +209,8 @@ def test_json_is_identical_across_processes() -> None:
     """The assignment must be the same in every process of a multi-host job."""
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); "
-        "from test_report import compile_; from xla_streams.report import build_report, to_json; "
-        "sys.stdout.write(to_json(build_report(compile_())))"
+        "from test_report import compile_; from xla_streams.report import build_report; "
+        "sys.stdout.write(build_report(compile_()).to_json())"
     )
     outputs = set()
     for seed in ("0", "1", "12345"):
@@ -205,34 +220,74 @@ def test_json_is_identical_across_processes() -> None:
             capture_output=True, text=True, env=env, check=True,
         )  # fmt: skip
         outputs.add(out.stdout)
-    assert outputs == {to_json(build_report(compile_()))}
+    assert outputs == {build_report(compile_()).to_json()}
 
 
 @pytest.mark.parametrize(
     ("mutate", "complaint"),
     [
-        (lambda r: r.pop("schema"), "missing 'schema'"),
-        (lambda r: r.__setitem__("schema", "xla_streams.assignment.v1"), "report.schema"),
-        (lambda r: r["collectives"][0].__setitem__("runs_on", "gpu"), "runs_on"),
-        (lambda r: r["collectives"][0].pop("start"), "missing 'start'"),
-        (lambda r: r["collectives"][0].__setitem__("start_index", "1"), "start_index"),
-        (lambda r: r["collectives"][0].__setitem__("stream", None), "null exactly when"),
-        (lambda r: r["collectives"][3].__setitem__("stream", 0), "null exactly when"),
-        (lambda r: r["collectives"][0].__setitem__("stream", 4), "not in 0..3"),
-        (lambda r: r["collectives"][0].__setitem__("start", "%tp"), "without '%'"),
-        (lambda r: r["collectives"][0].__setitem__("sync", 0), "expected bool"),
-        (lambda r: r["collectives"][0].__setitem__("groups", [[0, "1"]]), "groups"),
-        (lambda r: r["summary"].__setitem__("assigned", 5), "summary.assigned"),
-        (lambda r: r["summary"].pop("max_in_flight"), "missing 'max_in_flight'"),
-        (lambda r: r.__setitem__("policy", "greedy"), "report.policy"),
+        (lambda r: r.pop("schema"), "schema: expected 'xla_streams.assignment.v2', got None"),
+        (lambda r: r.__setitem__("schema", "xla_streams.assignment.v1"), "schema: expected"),
+        (lambda r: r["collectives"][0].__setitem__("runs_on", "gpu"),
+         "collectives[0].runs_on: expected one of communication, compute, p2p, got 'gpu'"),
+        (lambda r: r["collectives"][0].pop("start"), "collectives[0].start: missing"),
+        (lambda r: r["collectives"][0].__setitem__("start_index", "1"),
+         "collectives[0].start_index: expected an integer, got a string ('1')"),
+        (lambda r: r["collectives"][0].__setitem__("done_index", 1),
+         "collectives[0].done_index: expected more than start_index (1), got 1"),
+        (lambda r: r["collectives"][0].__setitem__("stream", None),
+         "collectives[0].stream: expected a stream: the pair runs on the collective streams"),
+        (lambda r: r["collectives"][3].__setitem__("stream", 0),
+         "collectives[3].stream: expected null: the pair runs on the compute stream, got 0"),
+        (lambda r: r["collectives"][0].__setitem__("stream", 4),
+         "collectives[0].stream: expected an integer in 0..3, got 4"),
+        (lambda r: r["collectives"][0].__setitem__("start", "%tp"),
+         "collectives[0].start: expected a name without '%'"),
+        (lambda r: r["collectives"][0].__setitem__("sync", 0),
+         "collectives[0].sync: expected true or false, got a number (0)"),
+        (lambda r: r["collectives"][0].__setitem__("groups", [[0, "1"]]),
+         "collectives[0].groups[0][1]: expected an integer"),
+        (lambda r: r["collectives"][0].__setitem__("serialized_by", "luck"),
+         "collectives[0].serialized_by: expected one of bound, rule, got 'luck'"),
+        (lambda r: r["summary"].__setitem__("assigned", 5),
+         "summary.assigned: 5, but the collectives say 4"),
+        (lambda r: r["summary"].__setitem__("pairs_by_kind", {"all-reduce": 5}),
+         "summary.pairs_by_kind: {\"all-reduce\": 5}, but the collectives say"),
+        (lambda r: r["summary"].pop("max_in_flight"), "summary.max_in_flight: missing"),
+        (lambda r: r.__setitem__("policy", "greedy"), "policy: expected one of interval"),
+        (lambda r: r.__setitem__("streams", 0), "streams: expected an integer in 1..64, got 0"),
+        (lambda r: r.__setitem__("collectives", {}),
+         "collectives: expected a JSON array, got a JSON object"),
     ],
-)
-def test_schema_check_catches_broken_reports(mutate: object, complaint: str) -> None:
-    report = json.loads(to_json(build_report(compile_())))
+)  # fmt: skip
+def test_from_json_refuses_broken_reports_naming_file_and_field(
+    mutate: object, complaint: str
+) -> None:
+    report = json.loads(build_report(compile_()).to_json())
     assert report["collectives"][3]["start"] == "sync"
     mutate(report)  # type: ignore[operator]
-    problems = schema_problems(report)
-    assert any(complaint in p for p in problems), problems
+    with pytest.raises(ReportError) as refused:
+        AssignmentReport.from_json(json.dumps(report), "r.json")
+    assert str(refused.value).startswith(f"r.json: {complaint}"), str(refused.value)
+
+
+def test_from_json_refuses_what_is_not_json_or_not_a_report() -> None:
+    with pytest.raises(ReportError, match=r"^r\.json: not JSON: "):
+        AssignmentReport.from_json('{"schema": ', "r.json")
+    with pytest.raises(ReportError, match='^r.json: expected a JSON object with "schema"'):
+        AssignmentReport.from_json("[]", "r.json")
+
+
+def test_from_json_reads_what_v2_may_add_or_did_not_have_yet() -> None:
+    """Fields added to v2 are ignored by this reader; ``synchronous_collectives``,
+    added after v2's first files, reads as 0 where they lack it."""
+    report = build_report(compile_())
+    data = json.loads(report.to_json())
+    data["collectives"][0]["added_later"] = 1
+    data["added_later"] = {"x": 1}
+    assert AssignmentReport.from_json(json.dumps(data)) == report
+    del data["summary"]["synchronous_collectives"]
+    assert AssignmentReport.from_json(json.dumps(data)).summary.synchronous_collectives == 0
 
 
 def test_table_rows_and_summary() -> None:
@@ -279,13 +334,37 @@ def test_summary_tells_sync_pairs_from_synchronous_collectives(tmp_path: Path) -
     dump = Path(__file__).resolve().parent / "data" / "jax0_12_fsdp_scan.dump.hlo"
     compilation = compile_(streams=2, text=dump.read_text())
     report = build_report(compilation)
-    assert (report["summary"]["sync"], report["summary"]["synchronous_collectives"]) == (0, 3)
+    assert (report.summary.sync, report.summary.synchronous_collectives) == (0, 3)
     assert "synchronous: 0 sync pairs (" in format_table(compilation)
     assert "3 synchronous collectives (never async)" in format_table(compilation)
     # The index's column counts synchronous collectives, and says so.
     write_reports(compilation, str(tmp_path), "digest")
     header = (tmp_path / "index.txt").read_text().splitlines()[0]
     assert "synchronous collectives" in header and " sync " not in f" {header} "
+
+
+def test_the_index_keeps_one_entry_per_report_file(tmp_path: Path) -> None:
+    first, _ = write_reports(compile_(), str(tmp_path), "aaaa")
+    second, _ = write_reports(compile_(streams=1), str(tmp_path), "bbbb")
+    write_reports(compile_(), str(tmp_path), "aaaa")  # the same file again: one entry
+    index = ReportIndex.load(str(tmp_path / "index.json"))
+    assert index.modules == (
+        IndexEntry("mesh", Path(first).name, 5, 4, 2, 1, 0),
+        IndexEntry("mesh", Path(second).name, 5, 4, 1, 1, 0),
+    )
+    text = (tmp_path / "index.json").read_text()
+    assert ReportIndex.from_json(text).to_json() == text
+    assert json.loads(text)["schema"] == "xla_streams.index.v1"
+    # An index that is not one is started afresh, not trusted.
+    (tmp_path / "index.json").write_text('{"schema": "xla_streams.index.v1", "modules": [{}]}')
+    with pytest.raises(ReportError, match=r"index\.json: modules\[0\]\.module: missing"):
+        ReportIndex.load(str(tmp_path / "index.json"))
+    write_reports(compile_(), str(tmp_path), "aaaa")
+    assert [e.report for e in ReportIndex.load(str(tmp_path / "index.json")).modules] == [
+        Path(first).name
+    ]
+    with pytest.raises(ReportError, match=r"missing\.json: cannot read the report index"):
+        ReportIndex.load(str(tmp_path / "missing.json"))
 
 
 @pytest.mark.parametrize(

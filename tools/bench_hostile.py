@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xla_streams.cli import main as xla_streams_main
-from xla_streams.collectives import MAX_RULE_WORK
+from xla_streams.streams.rule import MAX_RULE_WORK
 
 HEAD = """\
 %add (a: f32[], b: f32[]) -> f32[] {

@@ -48,11 +48,12 @@ costs one check, not the run (names as in ``OUT_DIR/gpu_check.json``):
 ``plugin_overhead``  compile time of the step with the hook and without (median of
                      several compiles), and the time spent inside the hook.
 
-``OUT_DIR/gpu_check.json`` (schema ``xla_streams.gpu_check.v1``) holds the
-versions, the GPU's name and one record per check: ``name``, ``passed``
-(null: not run), ``figures``, ``seconds``, ``error``, ``proves`` and
-``does_not_prove``. Beside it: ``calibration.json``, ``pgle_profile.pb``,
-``ffi_trace.json`` and, for a failed check, its log's tail in ``logs/``.
+``OUT_DIR/gpu_check.json`` (:class:`GpuCheckReport`, schema
+``xla_streams.gpu_check.v1``, docs/formats.md) holds the versions, the GPU's name
+and one :class:`Record` per check: ``name``, ``passed`` (null: not run),
+``figures``, ``seconds``, ``error``, ``proves`` and ``does_not_prove``. Beside it:
+``calibration.json``, ``pgle_profile.pb``, ``ffi_trace.json`` and, for a failed
+check, its log's tail in ``logs/``.
 
 Exit status: 0 every check that ran passed, 1 one failed, 2 no GPU here
 (nothing run) or bad usage.
@@ -97,8 +98,8 @@ from prove_native_streams import thunk_streams  # noqa: E402
 import xla_streams  # noqa: E402
 from xla_streams import programs, runtime  # noqa: E402
 from xla_streams.hlo import parse_module  # noqa: E402
-from xla_streams.passes.assign_streams import assign_streams  # noqa: E402
 from xla_streams.plugin import hook  # noqa: E402
+from xla_streams.report import AssignmentReport  # noqa: E402
 from xla_streams.runtime import abi  # noqa: E402
 from xla_streams.simulate import Simulator, get_target  # noqa: E402
 from xla_streams.simulate.calibration import (  # noqa: E402
@@ -106,6 +107,7 @@ from xla_streams.simulate.calibration import (  # noqa: E402
     compare_kernel_classes,
     load_calibration,
 )
+from xla_streams.streams import assign_streams  # noqa: E402
 
 SCHEMA = "xla_streams.gpu_check.v1"
 # The whole run; a session has 15 minutes of GPU time for everything, reruns included.
@@ -153,7 +155,7 @@ class Record:
 PROVES = {
     "build": (
         "the ffi runtime's CUDA/NCCL library compiles and links against this image's CUDA "
-        "wheels with its nvcc",
+        "wheels with the host C++ compiler (no nvcc needed)",
         "nothing about running it (the ffi check does that)",
     ),
     "native": (
@@ -199,6 +201,31 @@ PROVES = {
 def new_record(name: str) -> Record:
     proves, does_not = PROVES[name]
     return Record(name, proves, does_not)
+
+
+@dataclass(frozen=True)
+class GpuCheckReport:
+    """``OUT_DIR/gpu_check.json``: schema ``xla_streams.gpu_check.v1``. Read by people
+    (and the tests): nothing reads it back, so it has no ``from_json``."""
+
+    dry_run: bool
+    gpu: str | None
+    versions: dict[str, Any]
+    budget_s: float
+    seconds: float
+    checks: tuple[Record, ...]
+
+    def to_json(self) -> str:
+        data = {
+            "schema": SCHEMA,
+            "dry_run": self.dry_run,
+            "gpu": self.gpu,
+            "versions": self.versions,
+            "budget_s": self.budget_s,
+            "seconds": self.seconds,
+            "checks": [dataclasses.asdict(r) for r in self.checks],
+        }
+        return json.dumps(data, indent=1) + "\n"
 
 
 # -- the parent ----------------------------------------------------------------------------
@@ -340,33 +367,32 @@ def run_check(record: Record, body: Callable[[Record], None], out: Path) -> Reco
 # -- checks on files (no GPU; shared with the tests) ----------------------------------------
 
 
-def load_report(report_dir: Path, module: str) -> dict[str, Any]:
+def load_report(report_dir: Path, module: str) -> AssignmentReport:
     found = sorted(report_dir.glob(f"{module}.*.json"))
     if not found:
         raise FileNotFoundError(f"no report for module {module} in {report_dir}")
-    report: dict[str, Any] = json.loads(found[0].read_text())
-    return report
+    return AssignmentReport.from_json(found[0].read_text(), str(found[0]))
 
 
-def check_thunks(dump_dir: str, report: dict[str, Any]) -> tuple[bool, str]:
+def check_thunks(dump_dir: str, report: AssignmentReport) -> tuple[bool, str]:
     """Every collective the report puts on stream k starts on communication_stream[k]."""
-    module = report["module"]
+    module = report.module
     sequences = sorted(glob.glob(os.path.join(dump_dir, f"*.{module}.thunk_sequence.txt")))
     metadata = sorted(glob.glob(os.path.join(dump_dir, f"*.{module}.thunk_metadata.txt")))
     if not sequences or not metadata:
         return False, f"no thunk dump of {module} in {dump_dir}"
     streams = thunk_streams(Path(sequences[0]).read_text(), Path(metadata[0]).read_text())
-    assigned = [c for c in report["collectives"] if c["stream"] is not None]
+    assigned = [c for c in report.collectives if c.stream is not None]
     wrong = [
-        f"{c['start']}: report {c['stream']}, thunk {streams.get(c['start'])}"
+        f"{c.start}: report {c.stream}, thunk {streams.get(c.start)}"
         for c in assigned
-        if streams.get(c["start"]) != c["stream"]
+        if streams.get(c.start) != c.stream
     ]
     if not assigned:
         return False, "the report puts no collective on a stream"
     if wrong:
         return False, f"{len(wrong)} of {len(assigned)} differ: " + "; ".join(wrong[:5])
-    used = sorted({c["stream"] for c in assigned})
+    used = sorted({c.stream for c in assigned if c.stream is not None})
     return True, f"{len(assigned)} collectives on communication_stream{used} as assigned"
 
 
@@ -389,9 +415,9 @@ def check_debug_options(dump_dir: str, module: str, streams: int) -> tuple[bool,
     return (not bad), (f"both at {streams}" if not bad else f"unexpected: {bad}")
 
 
-def check_runtime_log(log: str, report: dict[str, Any]) -> tuple[bool, str]:
+def check_runtime_log(log: str, report: AssignmentReport) -> tuple[bool, str]:
     """The executed async starts: stream ids as assigned, one CUDA stream per stream id."""
-    assigned = {c["start"]: c["stream"] for c in report["collectives"] if c["stream"] is not None}
+    assigned = {c.start: c.stream for c in report.collectives if c.stream is not None}
     seen: dict[tuple[str, str], set[int]] = {}  # (device, stream pointer) -> stream ids
     wrong = []
     executed = set()
@@ -492,7 +518,7 @@ def seconds_by_instruction(kernels: list[Kernel], steps: int) -> dict[str, float
     return {name: seconds / steps for name, seconds in total.items()}
 
 
-def profile_placement(kernels: list[Kernel], report: dict[str, Any]) -> dict[str, Any]:
+def profile_placement(kernels: list[Kernel], report: AssignmentReport) -> dict[str, Any]:
     """Which CUDA stream the profiler saw each report stream's collective kernels on.
 
     ``readable`` is False when the trace has no kernel of a collective the report
@@ -500,10 +526,10 @@ def profile_placement(kernels: list[Kernel], report: dict[str, Any]) -> dict[str
     stream ran on a CUDA stream of its own, none of them the compute stream.
     """
     stream_of = {}
-    for c in report["collectives"]:
-        if c["stream"] is not None:
-            stream_of[c["start"]] = c["stream"]
-            stream_of[c["done"]] = c["stream"]
+    for c in report.collectives:
+        if c.stream is not None:
+            stream_of[c.start] = c.stream
+            stream_of[c.done] = c.stream
     lines_of: dict[int, set[tuple[int, int]]] = {}
     collective = [k for k in kernels if k.hlo_op in stream_of]
     for k in collective:
@@ -587,7 +613,7 @@ def native_figures(folder: Path, data: dict[str, Any], streams: int) -> tuple[bo
     checks["losses on == off"] = (bool(on) and on == off, f"on {on}, off {off}")
     figures["checks"] = {name: {"passed": ok, "detail": why} for name, (ok, why) in checks.items()}
     figures["runtime_log"] = check_runtime_log(tail(folder / "log.txt", 1 << 24), report)[1]
-    figures["summary"] = report["summary"]
+    figures["summary"] = dataclasses.asdict(report.summary)
     try:
         kernels, found = gpu_kernels(load_trace(find_trace(folder / "profile")))
         figures["profile"] = {**found, **profile_placement(kernels, report)}
@@ -901,7 +927,7 @@ def child_build(folder: Path) -> None:
 
 # The ffi child: collectives called directly through the runtime's custom calls, on a
 # one-rank communicator (the device group {0}).
-FFI_KINDS = abi.KINDS
+FFI_KINDS = abi.FFI_KINDS
 NUMPY_NAMES = {
     "f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64",
     "s8": "int8", "s16": "int16", "s32": "int32", "s64": "int64", "pred": "bool",
@@ -1273,16 +1299,15 @@ def main(argv: list[str] | None = None) -> int:
         say(budget, line)
     found = versions()
     records = run_dry(out) if args.dry_run else run_all(out, budget, found, args.steps)
-    report = {
-        "schema": SCHEMA,
-        "dry_run": args.dry_run,
-        "gpu": found.get("gpu"),
-        "versions": found,
-        "budget_s": args.budget,
-        "seconds": round(budget.elapsed(), 1),
-        "checks": [dataclasses.asdict(r) for r in records],
-    }
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n")
+    report = GpuCheckReport(
+        dry_run=args.dry_run,
+        gpu=found.get("gpu"),
+        versions=found,
+        budget_s=args.budget,
+        seconds=round(budget.elapsed(), 1),
+        checks=tuple(records),
+    )
+    (out / "gpu_check.json").write_text(report.to_json())
     for r in records:
         verdict = {True: "PASS", False: "FAIL", None: "----"}[r.passed]
         why = f": {r.error.splitlines()[0]}" if r.error else ""

@@ -50,7 +50,6 @@ sys.path.insert(0, str(REPO))
 from xla_streams.aot import compile_for_gpu, gpu_topology  # noqa: E402
 from xla_streams.collectives import StreamModel  # noqa: E402
 from xla_streams.hlo import Module, parse_module  # noqa: E402
-from xla_streams.passes.assign_streams import assign_streams  # noqa: E402
 from xla_streams.programs import Llama2Config, llama2_fsdp  # noqa: E402
 from xla_streams.simulate import (  # noqa: E402
     PredictionRange,
@@ -59,6 +58,7 @@ from xla_streams.simulate import (  # noqa: E402
     get_target,
     predict_range,
 )
+from xla_streams.streams import assign_streams  # noqa: E402
 from xla_streams.xla_options import XLA_DEFAULT_OVERLAP_LIMIT  # noqa: E402
 
 SCHEMA = "xla_streams.published.v1"
@@ -203,8 +203,54 @@ def parse_layers(text: str) -> tuple[int, ...]:
     return counts
 
 
-def report(published: Published, predictions: Sequence[Prediction]) -> dict[str, Any]:
-    """What the script found, JSON-ready (schema ``xla_streams.published.v1``)."""
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """A step time's range (seconds)."""
+
+    low: float
+    high: float
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledPoint:
+    """One compile of the model and its prediction (``compiles[i]``)."""
+
+    layers: int
+    step_s: float
+    range_s: Span
+    compute_only_s: float
+    exposed_communication_s: float
+    async_collective_pairs: int
+    flash_attention_calls: int
+    flash_attention_modelled_s: float
+    compile_s: float
+    simulate_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishedReport:
+    """What the script found: schema ``xla_streams.published.v1`` (``--json``). Read by
+    people and its test: nothing reads it back, so it has no ``from_json``."""
+
+    model: str
+    hardware: str
+    source: str
+    configuration: dict[str, Any]  # the program's Llama2Config, and the run's notes
+    xla_flags: tuple[str, ...]
+    published_step_s: float
+    predicted_step_s: float | None  # None: the compiles do not predict the full model
+    predicted_range_s: Span | None
+    ratio: float | None  # predicted / published
+    how: str
+    compiles: tuple[CompiledPoint, ...]
+
+    def to_json(self) -> str:
+        data = {"schema": SCHEMA, **dataclasses.asdict(self)}
+        return json.dumps(data, indent=2) + "\n"
+
+
+def report(published: Published, predictions: Sequence[Prediction]) -> PublishedReport:
+    """What the script found."""
     full = published.config.layers
     exact = next((p for p in predictions if p.layers == full), None)
     predicted: float | None
@@ -222,63 +268,61 @@ def report(published: Published, predictions: Sequence[Prediction]) -> dict[str,
     else:
         predicted = low = high = None
         how = f"{predictions[0].layers} layers only: no prediction of the published model"
-    return {
-        "schema": SCHEMA,
-        "model": published.name,
-        "hardware": published.hardware,
-        "source": published.source,
-        "configuration": {**dataclasses.asdict(published.config), "notes": published.notes},
-        "xla_flags": list(published.xla_flags),
-        "published_step_s": published.step_s,
-        "predicted_step_s": predicted,
-        "predicted_range_s": None if predicted is None else {"low": low, "high": high},
-        "ratio": None if predicted is None else predicted / published.step_s,
-        "how": how,
-        "compiles": [
-            {
-                "layers": p.layers,
-                "step_s": p.result.step_time,
-                "range_s": {"low": p.span.low, "high": p.span.high},
-                "compute_only_s": p.result.compute_time,
-                "exposed_communication_s": p.result.exposed_communication,
-                "async_collective_pairs": p.pairs,
-                "flash_attention_calls": p.attention[0],
-                "flash_attention_modelled_s": p.attention[1],
-                "compile_s": p.compile_s,
-                "simulate_s": p.simulate_s,
-            }
+    return PublishedReport(
+        model=published.name,
+        hardware=published.hardware,
+        source=published.source,
+        configuration={**dataclasses.asdict(published.config), "notes": published.notes},
+        xla_flags=published.xla_flags,
+        published_step_s=published.step_s,
+        predicted_step_s=predicted,
+        predicted_range_s=None if low is None or high is None else Span(low, high),
+        ratio=None if predicted is None else predicted / published.step_s,
+        how=how,
+        compiles=tuple(
+            CompiledPoint(
+                layers=p.layers,
+                step_s=p.result.step_time,
+                range_s=Span(p.span.low, p.span.high),
+                compute_only_s=p.result.compute_time,
+                exposed_communication_s=p.result.exposed_communication,
+                async_collective_pairs=p.pairs,
+                flash_attention_calls=p.attention[0],
+                flash_attention_modelled_s=p.attention[1],
+                compile_s=p.compile_s,
+                simulate_s=p.simulate_s,
+            )
             for p in predictions
-        ],
-    }
+        ),
+    )
 
 
-def format_report(r: dict[str, Any]) -> str:
-    config = r["configuration"]
+def format_report(r: PublishedReport) -> str:
+    config = r.configuration
     lines = [
-        f"{r['model']} on {r['hardware']}",
+        f"{r.model} on {r.hardware}",
         f"  {config['layers']} layers, d_model {config['d_model']}, {config['heads']} heads of "
         f"{config['head_dim']}, ffn {config['d_ff']}, vocab {config['vocab']}, seq "
         f"{config['seq']}, {config['batch_per_device']} sequences per GPU; {config['notes']}",
-        f"  source: {r['source']}",
+        f"  source: {r.source}",
     ]
-    for c in r["compiles"]:
-        span = c["range_s"]
+    for c in r.compiles:
         lines.append(
-            f"  {c['layers']} layers: predicted {c['step_s']:.4f} s (range {span['low']:.4f}"
-            f" .. {span['high']:.4f}; compute only {c['compute_only_s']:.4f} s, exposed "
-            f"communication {c['exposed_communication_s']:.4f} s; {c['flash_attention_calls']} "
-            f"cuDNN flash-attention calls modelled at {c['flash_attention_modelled_s']:.4f} s); "
-            f"compiled in {c['compile_s']:.1f} s, simulated in {c['simulate_s']:.1f} s"
+            f"  {c.layers} layers: predicted {c.step_s:.4f} s (range {c.range_s.low:.4f}"
+            f" .. {c.range_s.high:.4f}; compute only {c.compute_only_s:.4f} s, exposed "
+            f"communication {c.exposed_communication_s:.4f} s; {c.flash_attention_calls} "
+            f"cuDNN flash-attention calls modelled at {c.flash_attention_modelled_s:.4f} s); "
+            f"compiled in {c.compile_s:.1f} s, simulated in {c.simulate_s:.1f} s"
         )
-    if r["predicted_step_s"] is None:
-        lines.append(f"  {r['how']}")
+    if r.predicted_step_s is None or r.predicted_range_s is None:
+        lines.append(f"  {r.how}")
         return "\n".join(lines) + "\n"
-    total = r["predicted_range_s"]
+    total = r.predicted_range_s
     lines += [
-        f"predicted step time: {r['predicted_step_s']:.3f} s ({r['how']}; range "
-        f"{total['low']:.3f} .. {total['high']:.3f} s)",
-        f"published step time: {r['published_step_s']:.3f} s",
-        f"predicted / published: {r['ratio']:.2f}",
+        f"predicted step time: {r.predicted_step_s:.3f} s ({r.how}; range "
+        f"{total.low:.3f} .. {total.high:.3f} s)",
+        f"published step time: {r.published_step_s:.3f} s",
+        f"predicted / published: {r.ratio:.2f}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -303,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = report(published, predictions)
     sys.stdout.write(format_report(result))
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        Path(args.json).write_text(result.to_json())
     return 0
 
 

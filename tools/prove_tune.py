@@ -46,10 +46,9 @@ import xla_streams  # noqa: E402
 from xla_streams import aot, programs, xla_options  # noqa: E402
 from xla_streams.collectives import StreamModel  # noqa: E402
 from xla_streams.hlo import parse_module  # noqa: E402
-from xla_streams.passes.assign_streams import assign_streams  # noqa: E402
-from xla_streams.passes.find_async_pairs import find_async_pairs  # noqa: E402
 from xla_streams.plugin import hook  # noqa: E402
 from xla_streams.simulate import Simulator, get_target  # noqa: E402
+from xla_streams.streams import assign_streams, find_async_pairs  # noqa: E402
 from xla_streams.tuning.result import load_tune_result  # noqa: E402
 
 

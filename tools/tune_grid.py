@@ -17,12 +17,14 @@ simulator or JAX changes (the test then says so: its table's versions differ).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.metadata
 import json
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 REPO = Path(__file__).resolve().parent.parent
@@ -39,6 +41,43 @@ GRID_LEVERS = (
     "start-early",
 )
 SCHEMA = "xla_streams.tune_grid.v1"
+
+
+@dataclasses.dataclass(frozen=True)
+class GridPoint:
+    """One configuration of the grid and the best the tuner predicts for it (``grid[i]``)."""
+
+    xla_flags: dict[str, Any]  # canonical: sorted by flag
+    settings: str
+    step_ms: float
+    step_low_ms: float | None  # the range: every candidate of a grid has one
+    step_high_ms: float | None
+    streams: int
+    policy: str
+    peak_memory_bytes: int
+    fits: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneGrid:
+    """The grid's table: schema ``xla_streams.tune_grid.v1``. Its reader is the search's
+    test (tests/tuning/test_search.py); nothing in the package reads it back."""
+
+    program: str
+    target: str
+    devices: int
+    devices_per_host: int
+    topology: str
+    levers: tuple[str, ...]
+    versions: dict[str, str]
+    compiles: int
+    wall_s: float
+    baseline_ms: float
+    best: GridPoint  # the fastest that fits
+    grid: tuple[GridPoint, ...]  # sorted by xla_flags
+
+    def to_json(self) -> str:
+        return json.dumps({"schema": SCHEMA, **dataclasses.asdict(self)}, indent=1) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,47 +105,46 @@ def main(argv: list[str] | None = None) -> int:
     )
     wall = time.perf_counter() - begin
     rows = [
-        {
-            "xla_flags": dict(sorted(c.xla_flags.items())),
-            "settings": c.settings,
-            "step_ms": c.predicted_step_ms,
-            "step_low_ms": c.step_low_ms,
-            "step_high_ms": c.step_high_ms,
-            "streams": c.streams,
-            "policy": c.policy,
-            "peak_memory_bytes": c.peak_memory_bytes,
-            "fits": c.fits,
-        }
+        GridPoint(
+            xla_flags=dict(sorted(c.xla_flags.items())),
+            settings=c.settings,
+            step_ms=c.predicted_step_ms,
+            step_low_ms=c.step_low_ms,
+            step_high_ms=c.step_high_ms,
+            streams=c.streams,
+            policy=c.policy,
+            peak_memory_bytes=c.peak_memory_bytes,
+            fits=c.fits,
+        )
         for c in result.candidates
     ]
-    rows.sort(key=lambda r: json.dumps(r["xla_flags"], sort_keys=True))
-    best = min((r for r in rows if r["fits"]), key=lambda r: r["step_ms"])
-    data = {
-        "schema": SCHEMA,
-        "program": args.program,
-        "target": args.target,
-        "devices": spec.num_devices,
-        "devices_per_host": spec.devices_per_host,
-        "topology": result.topology,
-        "levers": list(GRID_LEVERS),
-        "versions": {
+    rows.sort(key=lambda r: json.dumps(r.xla_flags, sort_keys=True))
+    best = min((r for r in rows if r.fits), key=lambda r: r.step_ms)
+    table = TuneGrid(
+        program=args.program,
+        target=args.target,
+        devices=spec.num_devices,
+        devices_per_host=spec.devices_per_host,
+        topology=result.topology,
+        levers=GRID_LEVERS,
+        versions={
             name: importlib.metadata.version(name)
             for name in ("jax", "jaxlib", "jax-cuda12-plugin")
         },
-        "compiles": result.compiles,
-        "wall_s": round(wall, 1),
-        "baseline_ms": result.baseline.predicted_step_ms,
-        "best": best,
-        "grid": rows,
-    }
+        compiles=result.compiles,
+        wall_s=round(wall, 1),
+        baseline_ms=result.baseline.predicted_step_ms,
+        best=best,
+        grid=tuple(rows),
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1) + "\n")
-    distinct = len({round(r["step_ms"], 9) for r in rows})
+    out.write_text(table.to_json())
+    distinct = len({round(r.step_ms, 9) for r in rows})
     print(
         f"{args.program} on {result.topology}: {len(rows)} configurations ({distinct} distinct "
         f"steps), {result.compiles} compiles in {wall:.0f} s; baseline "
-        f"{result.baseline.predicted_step_ms:.3f} ms, best {best['step_ms']:.3f} ms "
-        f"({best['settings']}, K={best['streams']}); wrote {out}"
+        f"{result.baseline.predicted_step_ms:.3f} ms, best {best.step_ms:.3f} ms "
+        f"({best.settings}, K={best.streams}); wrote {out}"
     )
     return 0
 

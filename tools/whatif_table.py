@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Print the README's what-if table: predicted step time of every fixture for
+"""Print the what-if table of docs/predictions.md: predicted step time of every fixture for
 K = 1, 2, 4, 8 collective streams and the two bounds, per policy.
 
 The fixtures come from jax 0.12, whose sync collectives run on the compute

@@ -8,6 +8,8 @@ environment, or from Python::
     with xla_streams.collective_streams(4): ...                      # just for a block
     xla_streams.disable()
     result = xla_streams.tune(build, devices=32, devices_per_host=8)  # find the settings
+    # the same, with the options as one value:
+    result = xla_streams.tune(build, options=xla_streams.TuneOptions(devices=32))
 
 Programs built on ``absl.app`` can ``import xla_streams.plugin.flags`` for
 ``--xla_streams_collective_streams=4`` and the other settings. Importing this
@@ -32,6 +34,7 @@ _EXPORTS = {
     "current": "xla_streams.plugin",
     "disable": "xla_streams.plugin",
     "enable": "xla_streams.plugin",
+    "TuneOptions": "xla_streams.tuning.options",
     "tune": "xla_streams.tuning.driver",
     "tune_lowered": "xla_streams.tuning.driver",
     "tune_path": "xla_streams.tuning.driver",
@@ -39,6 +42,7 @@ _EXPORTS = {
 __all__ = [
     "Config",
     "ConfigError",
+    "TuneOptions",
     "collective_streams",
     "current",
     "disable",
@@ -54,6 +58,7 @@ if TYPE_CHECKING:
     from xla_streams.plugin import collective_streams, current, disable, enable
     from xla_streams.plugin.settings import Config, ConfigError
     from xla_streams.tuning.driver import tune, tune_lowered, tune_path
+    from xla_streams.tuning.options import TuneOptions
 
 
 def __getattr__(name: str) -> Any:

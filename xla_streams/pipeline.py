@@ -23,13 +23,8 @@ from typing import Any, Literal, get_args, get_origin
 
 from xla_streams.collectives import DEFAULT_POLICY, Policy, StreamModel
 from xla_streams.hlo import HloError, Module
-from xla_streams.passes.base import (
-    Compilation,
-    Fact,
-    ModulePass,
-    PipelineError,
-    VerificationError,
-)
+from xla_streams.passes.base import Compilation, Fact, ModulePass, PipelineError
+from xla_streams.streams import VerificationError
 
 
 def _lazy(module: str, cls: str) -> Callable[[], type[ModulePass]]:

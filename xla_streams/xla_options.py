@@ -97,15 +97,6 @@ class Option:
         shown = ", ".join(repr(c) for c in self.choices)
         raise ValueError(f"expected one of {shown}, got {_shown(value)}")
 
-    @property
-    def takes(self) -> str:
-        """What values it takes, in words."""
-        if self.kind == "bool":
-            return "true or false"
-        if self.kind == "int":
-            return f"an integer from {self.low} to {self.high}"
-        return "one of " + ", ".join(repr(c) for c in self.choices)
-
 
 def _shown(value: object) -> str:
     if isinstance(value, bool):

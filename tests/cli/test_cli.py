@@ -19,10 +19,10 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from conftest import xla_parsable
+from conftest import hlo_module, xla_parsable
 
 from xla_streams import cli
-from xla_streams.report import schema_problems
+from xla_streams.report import AssignmentReport
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "hlo_fixtures"
@@ -35,14 +35,9 @@ PIPELINE = "find-async-pairs,assign-streams{streams=4},verify-streams,annotate-s
 
 # Two all-reduces over the same devices in flight together: the deadlock rule
 # ties them to one stream.
-TIED = """HloModule tied, is_scheduled=true, num_partitions=4
-
-%add (lhs: f32[], rhs: f32[]) -> f32[] {
-  %lhs = f32[] parameter(0)
-  %rhs = f32[] parameter(1)
-  ROOT %sum = f32[] add(%lhs, %rhs)
-}
-
+TIED = hlo_module(
+    "HloModule tied, is_scheduled=true, num_partitions=4",
+    """\
 ENTRY %main (p: f32[256]) -> f32[256] {
   %p = f32[256]{0} parameter(0)
   %a = f32[256]{0} all-reduce-start(%p), channel_id=1, replica_groups={{0,1,2,3}}, use_global_device_ids=true, to_apply=%add
@@ -52,7 +47,8 @@ ENTRY %main (p: f32[256]) -> f32[256] {
   %b.done = f32[256]{0} all-reduce-done(%b)
   ROOT %s = f32[256]{0} add(%a.done, %b.done)
 }
-"""
+""",
+)
 
 
 def xla_streams(
@@ -273,6 +269,7 @@ BREAK_STREAMS = textwrap.dedent(
     from xla_streams import cli
     from xla_streams.passes.base import Fact, ModulePass
     from xla_streams.pipeline import register
+    from xla_streams.streams import must_share_stream
 
     @register
     @dataclasses.dataclass(frozen=True)
@@ -284,7 +281,7 @@ BREAK_STREAMS = textwrap.dedent(
             a = compilation.assignment
             pairs = [p for p in compilation.pairs if p.needs_stream]
             tied = next((p, q) for i, p in enumerate(pairs) for q in pairs[i + 1:]
-                        if p.must_share_stream_with(q))
+                        if must_share_stream(p, q))
             stream_of = dict(a.stream_of)
             stream_of[tied[1].start] = (stream_of[tied[0].start] + 1) % a.streams
             compilation.assignment = dataclasses.replace(a, stream_of=stream_of)
@@ -316,8 +313,8 @@ def test_assign_exits_1_when_its_assignment_is_wrong(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`assign` runs verify-streams: a wrong assignment stops it before anything is written."""
-    from xla_streams.collectives import StreamAssignment
     from xla_streams.passes import assign_streams as module
+    from xla_streams.streams import StreamAssignment
 
     def everything_apart(pairs, streams, policy):  # type: ignore[no-untyped-def]
         return StreamAssignment(streams, policy, {p.start: i for i, p in enumerate(pairs)})
@@ -343,8 +340,8 @@ def test_assign_output_is_accepted_by_xla_with_the_reported_streams(tmp_path: Pa
     result = xla_streams("assign", TP_DP, "--streams=4", "--policy=interval",
                          f"--json={report_path}", f"--output={out}")  # fmt: skip
     assert result.returncode == 0, err(result)
+    AssignmentReport.from_json(report_path.read_text(), report_path.name)  # follows the schema
     report = json.loads(report_path.read_text())
-    assert schema_problems(report) == []
     assert len({c["stream"] for c in report["collectives"]} - {None}) >= 2
     # The table went to stdout: one row per collective.
     table = result.stdout.decode()
@@ -380,7 +377,7 @@ def test_assign_stdin_stdout_and_quiet() -> None:
     # JSON to stdout, no table.
     result = xla_streams("assign", "-", "--json=-", "--quiet", stdin=source)
     assert result.returncode == 0, err(result)
-    assert schema_problems(json.loads(result.stdout)) == []
+    AssignmentReport.from_json(result.stdout.decode(), "stdout")  # follows the schema
     assert result.stderr == b""
     # --quiet and no outputs: nothing at all.
     result = xla_streams("assign", TP_DP, "-q")
@@ -416,7 +413,7 @@ def test_installed_console_script(tmp_path: Path) -> None:
     result = subprocess.run([script, "report", str(TP_DP), "--json", str(out)],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert schema_problems(json.loads(out.read_text())) == []
+    AssignmentReport.from_json(out.read_text(), out.name)  # follows the schema
     assert subprocess.run([script, "opt", "-p", ""], capture_output=True).returncode == 2
 
 
@@ -476,10 +473,17 @@ def test_demo_takes_its_flags_like_every_command(monkeypatch: pytest.MonkeyPatch
     assert "integer from 1 to 64" in stderr.getvalue()
 
 
-def test_demo_listed_even_without_its_module() -> None:
-    assert "demo" in cli.COMMANDS
-    if not (REPO / "xla_streams" / "cli" / "demo.py").exists():
-        assert_user_error(xla_streams("demo"), "demo")
+def test_demo_listed_and_explained_without_importing_its_module(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The demo's module imports JAX: only running the command may import it."""
+    monkeypatch.setitem(sys.modules, "xla_streams.cli.demo", None)  # importing it fails
+    listing, help_text = io.StringIO(), io.StringIO()
+    assert cli.main(["--help"], stdout=listing) == 0
+    assert re.search(r"^  demo +Compile the demo transformer step", listing.getvalue(), re.M)
+    assert cli.main(["demo", "--help"], stdout=help_text) == 0
+    assert help_text.getvalue().startswith("usage: xla-streams demo [--program=")
+    assert "--mode=auto|gpu|aot" in help_text.getvalue()
 
 
 # -- the wrong input, named --------------------------------------------------------------

@@ -1,8 +1,9 @@
 """``xla-streams simulate`` with a user's collective table, a PGLE profile and --json.
 
 Run as users run it (a subprocess), except where the Python entry point
-``simulate_command`` is what is tested. The JSON is checked against its schema
-(``xla_streams.simulate.v1``); XLA's own multi-streaming must be the replay of
+``simulate_command`` is what is tested. The JSON must read back as a
+``Prediction`` (schema ``xla_streams.simulate.v1``), which refuses damaged files
+naming the field; XLA's own multi-streaming must be the replay of
 ``xla_stream_assignment``; the range must hold the expected value.
 """
 
@@ -18,10 +19,11 @@ from typing import Any
 
 import pytest
 
-from xla_streams.cli.simulate import SCHEMA, json_problems, simulate_command
+from xla_streams.cli.simulate import simulate_command
 from xla_streams.collectives import StreamModel
 from xla_streams.hlo import parse_module
 from xla_streams.simulate import Simulator, get_target, xla_stream_assignment
+from xla_streams.simulate.prediction import SCHEMA, Prediction, PredictionError
 
 REPO = Path(__file__).resolve().parents[2]
 # Ten all-reduces inside one host, in groups of 4: XLA's table prices them.
@@ -84,7 +86,7 @@ def test_json_holds_every_prediction_and_follows_its_schema(tmp_path: Path) -> N
     assert result.returncode == 0, result.stderr
     report: dict[str, Any] = json.loads(out.read_text())
     assert report["schema"] == SCHEMA == "xla_streams.simulate.v1"
-    assert json_problems(report) == []
+    assert Prediction.from_json(out.read_text(), out.name).to_json() == out.read_text()
     assert report["module"] == "jit_step" and report["async_pairs"] == 10
     assert report["target"]["name"] == "h100" and report["target"]["perf_table_key"] == "sm_90"
     assert report["target"]["perf_table"].endswith("collective_perf_table.txtpb")
@@ -143,34 +145,90 @@ def test_json_to_stdout_sends_the_table_to_stderr() -> None:
     assert "predicted step time" in result.stderr and "range of" in result.stderr
 
 
-def test_schema_problems_are_named() -> None:
-    assert json_problems([]) == ["prediction: expected an object"]
-    report = _report(io.StringIO())
-    assert json_problems(report) == []
-    broken = json.loads(json.dumps(report))
-    broken["schema"] = "xla_streams.simulate.v0"
-    broken["range"]["step_ms"]["low"] = broken["range"]["step_ms"]["high"] + 1
-    del broken["bounds"]["lower"]
-    del broken["profile"]
-    problems = json_problems(broken)
-    assert any("schema: expected 'xla_streams.simulate.v1'" in p for p in problems)
-    assert any("range.step_ms: expected low <= expected <= high" in p for p in problems)
-    assert any("bounds: missing 'lower'" in p for p in problems)
-    assert any("missing 'profile'" in p for p in problems)
+def test_the_file_reads_back_as_the_prediction_it_was(tmp_path: Path) -> None:
+    profile = tmp_path / "pgle.pbtxt"
+    profile.write_text('costs { name: "gemm_fusion_dot.8" cost_us: 100.0 }\n')
+    text = _report_text(io.StringIO(), streams="1,2", profile=str(profile))
+    prediction = Prediction.from_json(text, "p.json")
+    assert prediction.to_json() == text
+    assert Prediction.from_json(prediction.to_json()) == prediction
+    assert prediction.profile is not None and prediction.profile.names == 1
+    assert prediction.range is not None and prediction.xla_multi_streaming is not None
+    assert [(r.streams, r.policy) for r in prediction.results][:2] == [
+        (1, "interval"),
+        (2, "interval"),
+    ]
+    # Fields added to v1 later are ignored by this reader.
+    added = json.loads(text)
+    added["results"][0]["added_later"] = [1]
+    assert Prediction.from_json(json.dumps(added)) == prediction
 
 
-def _report(out: io.StringIO, **options: Any) -> dict[str, Any]:
-    """The JSON ``simulate_command`` writes for TP_DP, K=1."""
+def _broken(change: Any) -> str:
+    data = json.loads(_report_text(io.StringIO()))
+    change(data)
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d.__setitem__("schema", "xla_streams.simulate.v0"),
+         "schema: expected 'xla_streams.simulate.v1', got 'xla_streams.simulate.v0'"),
+        (lambda d: d["bounds"].pop("lower"), "bounds.lower: missing"),
+        (lambda d: d.pop("profile"), "profile: missing"),
+        (lambda d: d.__setitem__("step_ms", "1.0"), "step_ms: expected a number, got a string"),
+        (lambda d: d.__setitem__("serial_ms", -1.0), "serial_ms: expected a number >= 0, got -1.0"),
+        (lambda d: d["results"][0].__setitem__("policy", "greedy"),
+         "results[0].policy: expected one of interval, round-robin, got 'greedy'"),
+        (lambda d: d["results"][0].__setitem__("stream_busy_ms", []),
+         "results[0].stream_busy_ms: expected one time per stream (1), got 0"),
+        (lambda d: d["range"]["step_ms"].__setitem__("low", 1e9),
+         "range.step_ms: expected low <= expected <= high"),
+        (lambda d: d["runs_on"].__setitem__("communication", 99),
+         "runs_on: counts add up to 99, not 10"),
+        (lambda d: d["runs_on"].__setitem__("gpu", 0), "runs_on.gpu: not a place XLA runs a pair"),
+        (lambda d: d["target"].pop("gpu"), "target.gpu: missing"),
+        (lambda d: d.__setitem__("notes", [3]), "notes[0]: expected a string, got a number (3)"),
+    ],
+)  # fmt: skip
+def test_a_damaged_file_is_refused_naming_file_and_field(change: Any, message: str) -> None:
+    with pytest.raises(PredictionError) as refused:
+        Prediction.from_json(_broken(change), "p.json")
+    assert str(refused.value).startswith(f"p.json: {message}"), str(refused.value)
+
+
+def test_a_profiles_fraction_is_a_fraction(tmp_path: Path) -> None:
+    profile = tmp_path / "pgle.pbtxt"
+    profile.write_text('costs { name: "gemm_fusion_dot.8" cost_us: 100.0 }\n')
+    data = json.loads(_report_text(io.StringIO(), profile=str(profile)))
+    data["profile"]["measured_fraction"] = 1.5
+    with pytest.raises(PredictionError, match=r"^p\.json: profile\.measured_fraction: expected"):
+        Prediction.from_json(json.dumps(data), "p.json")
+
+
+def test_what_is_not_json_is_refused_naming_the_file() -> None:
+    with pytest.raises(PredictionError, match=r"^p\.json: not JSON: "):
+        Prediction.from_json("{", "p.json")
+    with pytest.raises(PredictionError, match=r"^p\.json: expected a JSON object with \"schema\""):
+        Prediction.from_json("3", "p.json")
+
+
+def _report_text(out: io.StringIO, **options: Any) -> str:
+    """The JSON ``simulate_command`` writes for TP_DP, K=1 unless ``streams`` says."""
     import tempfile
 
+    options.setdefault("streams", "1")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "p.json"
         err = io.StringIO()
-        code = simulate_command(
-            str(TP_DP), streams="1", json_path=str(path), out=out, err=err, **options
-        )
+        code = simulate_command(str(TP_DP), json_path=str(path), out=out, err=err, **options)
         assert code == 0, err.getvalue()
-        report: dict[str, Any] = json.loads(path.read_text())
+        return path.read_text()
+
+
+def _report(out: io.StringIO, **options: Any) -> dict[str, Any]:
+    report: dict[str, Any] = json.loads(_report_text(out, **options))
     return report
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from xla_streams.hlo import HloError, Module, parse_module
-from xla_streams.passes.find_async_pairs import find_async_pairs
+from xla_streams.streams import find_async_pairs
 
 BASE = """\
 HloModule m, is_scheduled=true, num_partitions=4

@@ -829,7 +829,7 @@ ENTRY %main (p: (f32[8], s32[])) -> f32[8] {
 def test_jax_0_12_async_all_reduce() -> None:
     """``((T), T) all-reduce-start`` with ``output_to_operand_aliasing={{1}: (0, {})}``
     and a tuple-element operand: the `{}: (` value is one attribute."""
-    from xla_streams.passes.find_async_pairs import find_async_pairs
+    from xla_streams.streams import find_async_pairs
 
     module = parse_module(ALL_REDUCE_012)
     ars = module.entry.get("ars")
@@ -860,7 +860,7 @@ def test_jax_0_12_dump() -> None:
     """A real jax 0.12 deviceless H100 dump (``--xla_dump_to``, after optimizations) of a
     2-layer FSDP scan: tuple-element operands everywhere, async all-gathers in the while
     body. Made by the forward half of programs._fsdp on 4 devices, overlap limit 2."""
-    from xla_streams.passes.find_async_pairs import find_async_pairs
+    from xla_streams.streams import find_async_pairs
 
     text = JAX_0_12_DUMP.read_bytes().decode("utf-8")
     module = parse_module(text, str(JAX_0_12_DUMP))

@@ -8,37 +8,30 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
+from itertools import combinations
 from pathlib import Path
 
 import pytest
+from conftest import ADD_REDUCER
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xla_streams.collectives import (
-    AsyncPair,
-    StreamModel,
-    check_streams,
-    max_in_flight,
-    streams_from_text,
-    tied_units,
-)
+from xla_streams.collectives import StreamModel, check_streams, streams_from_text
 from xla_streams.hlo import parse_module
-from xla_streams.passes.assign_streams import assign_streams
-from xla_streams.passes.base import VerificationError
-from xla_streams.passes.find_async_pairs import find_async_pairs
-from xla_streams.passes.verify_streams import verify_streams
+from xla_streams.streams import (
+    AsyncPair,
+    StreamAssignment,
+    VerificationError,
+    assign_streams,
+    find_async_pairs,
+    max_in_flight,
+    tied_units,
+    verify_streams,
+)
 
 TP = "{{0,1,2,3},{4,5,6,7}}"  # tensor parallel: devices of one host half
 DP = "{{0,4},{1,5},{2,6},{3,7}}"  # data parallel: one device of each half
-
-
-ADD = [
-    "%add (lhs: f32[], rhs: f32[]) -> f32[] {",
-    "  %lhs = f32[] parameter(0)",
-    "  %rhs = f32[] parameter(1)",
-    "  ROOT %sum = f32[] add(%lhs, %rhs)",
-    "}",
-]
 
 
 def schedule(*events: str) -> str:
@@ -73,7 +66,7 @@ def schedule(*events: str) -> str:
         [
             "HloModule test, is_scheduled=true, num_partitions=8",
             "",
-            *ADD,
+            *ADD_REDUCER.splitlines(),
             "",
             "ENTRY %main (p: f32[1024,1024]) -> () {",
             *lines,
@@ -219,7 +212,7 @@ def test_every_call_of_a_computation_counts() -> None:
         [
             "HloModule calls, is_scheduled=true, num_partitions=8",
             "",
-            *ADD,
+            *ADD_REDUCER.splitlines(),
             "",
             "%shared (x: f32[64]) -> f32[64] {",
             "  %x = f32[64]{0} parameter(0)",
@@ -274,7 +267,7 @@ def test_pairs_in_a_while_body_overlap_a_pair_spanning_the_loop() -> None:
         [
             "HloModule loop, is_scheduled=true, num_partitions=8",
             "",
-            *ADD,
+            *ADD_REDUCER.splitlines(),
             "",
             "%body (x: f32[64]) -> f32[64] {",
             "  %x = f32[64]{0} parameter(0)",
@@ -328,8 +321,7 @@ def test_assignment_is_a_pure_function_of_the_text(tmp_path: Path) -> None:
     code = (
         "import sys, json\n"
         "from xla_streams.hlo import parse_module\n"
-        "from xla_streams.passes.assign_streams import assign_streams\n"
-        "from xla_streams.passes.find_async_pairs import find_async_pairs\n"
+        "from xla_streams.streams import assign_streams, find_async_pairs\n"
         "pairs = find_async_pairs(parse_module(open(sys.argv[1]).read()))\n"
         "a = assign_streams(pairs, 2, 'interval')\n"
         "print(json.dumps([a.stream_of, sorted(a.serialized)]))\n"
@@ -390,11 +382,73 @@ def random_pairs(draw: st.DrawFn, pins: bool = True) -> list[AsyncPair]:
     return sorted(pairs, key=lambda p: p.start_time)
 
 
+def _rule_breaks(pairs: list[AsyncPair], assignment: StreamAssignment) -> list[str]:
+    """What ``assignment`` gets wrong, checked from the definitions pair by pair, with
+    none of the code under test (verify-streams, ``InFlight``, ``AsyncPair``'s
+    predicates): each pair has a stream entry; one on the communication lane a stream
+    in 0..K-1, stream 0 when sync, the others none; and no two pairs in flight together
+    whose groups share two or more devices are on different streams."""
+    stream_of = assignment.stream_of
+    wrong = []
+    if sorted(stream_of) != sorted(p.start for p in pairs):
+        wrong.append(f"streams for {sorted(stream_of)}, pairs {sorted(p.start for p in pairs)}")
+    for p in pairs:
+        stream = stream_of.get(p.start)
+        if p.lane != "communication":
+            ok = stream is None
+        elif p.sync:
+            ok = stream == 0
+        else:
+            ok = stream in range(assignment.streams)
+        if not ok:
+            wrong.append(f"{p.start} ({p.lane}, sync={p.sync}) on stream {stream}")
+    placed = [p for p in pairs if p.lane == "communication"]
+    for p, q in combinations(placed, 2):
+        together = any(a < d and c < b for a, b in p.occurrences for c, d in q.occurrences)
+        share = any(len(set(g) & set(h)) >= 2 for g in p.groups for h in q.groups)
+        if together and share and stream_of.get(p.start) != stream_of.get(q.start):
+            wrong.append(f"{p.start} and {q.start} share devices in flight on two streams")
+    return wrong
+
+
 @settings(max_examples=300, deadline=None)
 @given(random_pairs(), st.integers(1, 8), st.sampled_from(["interval", "round-robin"]))
 def test_any_assignment_verifies(pairs: list[AsyncPair], streams: int, policy: str) -> None:
     assignment = assign_streams(pairs, streams, policy)  # type: ignore[arg-type]
+    assert _rule_breaks(pairs, assignment) == []
+    # A pin below K is kept, or the assignment says why not.
+    for p in pairs:
+        if not p.sync and p.annotation is not None and p.start not in assignment.reassigned:
+            assert assignment.stream_of[p.start] == p.annotation < streams, p.start
     verify_streams(pairs, assignment)
+
+
+@settings(max_examples=300, deadline=None)
+@given(random_pairs(), st.integers(1, 4), st.data())
+def test_verify_streams_refuses_exactly_what_breaks_the_rule(
+    pairs: list[AsyncPair], streams: int, data: st.DataObject
+) -> None:
+    """verify-streams against the oracle, on assignments made at random: each pair on a
+    stream its lane allows (whether the deadlock rule holds is left to chance), and
+    sometimes one pair where it cannot be."""
+
+    def allowed(p: AsyncPair) -> st.SearchStrategy[int | None]:
+        if p.lane != "communication":
+            return st.none()
+        return st.just(0) if p.sync else st.integers(0, streams - 1)
+
+    stream_of = {p.start: data.draw(allowed(p)) for p in pairs}
+    if pairs and data.draw(st.booleans()):
+        p = data.draw(st.sampled_from(pairs))
+        wrong = st.sampled_from([None, streams]) if p.lane == "communication" else st.just(0)
+        stream_of[p.start] = data.draw(wrong)
+    assignment = replace(assign_streams(pairs, streams, "interval"), stream_of=stream_of)
+    breaks = _rule_breaks(pairs, assignment)
+    if breaks:
+        with pytest.raises(VerificationError):
+            verify_streams(pairs, assignment)
+    else:
+        verify_streams(pairs, assignment)
 
 
 @settings(max_examples=300, deadline=None)

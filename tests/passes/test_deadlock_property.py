@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from conftest import ADD_REDUCER
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -120,8 +121,6 @@ def violations(text: str, streams: int, model: StreamModel) -> list[str]:
 
 # -- random modules ------------------------------------------------------------------
 
-ADD = "%add (a: f32[], b: f32[]) -> f32[] {\n  %a = f32[] parameter(0)\n  %b = f32[] parameter(1)\n  ROOT %s = f32[] add(%a, %b)\n}\n"
-
 
 @st.composite
 def modules(draw: st.DrawFn) -> str:
@@ -177,7 +176,7 @@ def modules(draw: st.DrawFn) -> str:
 
     entry = body(0)
     param = entry[0].split()[0].lstrip("%")
-    text = "HloModule random, is_scheduled=true, num_partitions=8\n\n" + ADD + "\n"
+    text = "HloModule random, is_scheduled=true, num_partitions=8\n\n" + ADD_REDUCER + "\n"
     text += "\n".join(computations)
     text += f"\nENTRY %main ({param}: f32[8]) -> f32[8] {{\n" + "\n".join(entry) + "\n}\n"
     return text
@@ -205,7 +204,7 @@ def test_no_assignment_breaks_the_rule(
 def test_the_checker_finds_a_broken_assignment() -> None:
     """The checker is not vacuous: hand-made streams that break the rule are reported."""
     text = (
-        "HloModule m, is_scheduled=true, num_partitions=8\n\n" + ADD + "\n"
+        "HloModule m, is_scheduled=true, num_partitions=8\n\n" + ADD_REDUCER + "\n"
         "%shared (x: f32[8]) -> f32[8] {\n  %x = f32[8]{0} parameter(0)\n"
         f'  %in = f32[8]{{0}} all-reduce-start(%x), channel_id=1, replica_groups={GROUPS[0]}, use_global_device_ids=true, to_apply=%add, frontend_attributes={{_xla_stream_annotation="1"}}\n'
         "  %e = f32[8]{0} exponential(%x)\n  ROOT %ind = f32[8]{0} all-reduce-done(%in)\n}\n\n"
@@ -226,7 +225,7 @@ def test_the_checker_finds_a_broken_assignment() -> None:
 @pytest.mark.parametrize("streams", [1, 2])
 def test_a_sync_collective_is_on_stream_0_unless_the_model_says_compute(streams: int) -> None:
     text = (
-        "HloModule m, is_scheduled=true, num_partitions=8\n\n" + ADD + "\n"
+        "HloModule m, is_scheduled=true, num_partitions=8\n\n" + ADD_REDUCER + "\n"
         "ENTRY %main (p: f32[8]) -> f32[8] {\n  %p = f32[8]{0} parameter(0)\n"
         f'  %a = f32[8]{{0}} all-reduce-start(%p), channel_id=1, replica_groups={GROUPS[1]}, use_global_device_ids=true, to_apply=%add, frontend_attributes={{_xla_stream_annotation="{streams - 1}"}}\n'
         "  %e = f32[8]{0} exponential(%p)\n"

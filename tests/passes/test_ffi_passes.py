@@ -12,6 +12,7 @@ import os
 import re
 
 import pytest
+from conftest import hlo_module
 from jaxlib import _hlo
 
 from xla_streams.hlo import Instruction, Module, parse_module
@@ -160,19 +161,15 @@ ENTRY %main (p: f32[8], q: c64[8]) -> (f32[8], c64[8], f32[8]) {
 
 
 def test_asyncify_root_collective_gives_a_root_done() -> None:
-    text = """HloModule m, is_scheduled=true, num_partitions=2
-
-%add (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-
+    text = hlo_module(
+        "HloModule m, is_scheduled=true, num_partitions=2",
+        """\
 ENTRY %main (p: f32[8]) -> f32[8] {
   %p = f32[8]{0} parameter(0)
   ROOT %x = f32[8]{0} all-reduce(%p), channel_id=1, replica_groups={{0,1}}, use_global_device_ids=true, to_apply=%add
 }
-"""
+""",
+    )
     module, _ = run(text, "asyncify")
     lines = module.print().rstrip("\n").split("\n")
     assert lines[-2] == "  ROOT %x = f32[8]{0} all-reduce-done(%x-start)"

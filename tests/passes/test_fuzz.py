@@ -38,16 +38,16 @@ from conftest import alarm
 import xla_streams.passes  # noqa: F401 - registers the passes
 from xla_streams.hlo import HloError, Instruction, Module, parse_module
 from xla_streams.hlo.attributes import (
+    MAX_DEVICES,
     decode,
     parse_backend_config,
     parse_frontend_attributes,
     parse_replica_groups,
     parse_source_target_pairs,
 )
-from xla_streams.hlo.module import MAX_DEVICES
-from xla_streams.passes.base import Compilation, PipelineError, VerificationError
-from xla_streams.passes.find_async_pairs import find_async_pairs
+from xla_streams.passes.base import Compilation, PipelineError
 from xla_streams.pipeline import PassManager, build_pipeline
+from xla_streams.streams import VerificationError, find_async_pairs
 
 REPO = Path(__file__).resolve().parents[2]
 # Small real modules with every collective form between them: dedicated and

@@ -8,26 +8,23 @@ import sys
 from dataclasses import dataclass
 
 import pytest
+from conftest import hlo_module
 
 from xla_streams.hlo import Module, parse_module
 from xla_streams.passes.base import Compilation, Fact, ModulePass, PipelineError
 from xla_streams.pipeline import PASSES, PassManager, parse_pipeline, pass_class
 
-MODULE = """HloModule m, is_scheduled=true, num_partitions=2
-
-%add (lhs: f32[], rhs: f32[]) -> f32[] {
-  %lhs = f32[] parameter(0)
-  %rhs = f32[] parameter(1)
-  ROOT %sum = f32[] add(%lhs, %rhs)
-}
-
+MODULE = hlo_module(
+    "HloModule m, is_scheduled=true, num_partitions=2",
+    """\
 ENTRY %main (p: f32[8]) -> f32[8] {
   %p = f32[8]{0} parameter(0)
   %ar = f32[8]{0} all-reduce-start(%p), channel_id=1, replica_groups={{0,1}}, use_global_device_ids=true, to_apply=%add
   %e = f32[8]{0} exponential(%p)
   ROOT %ar.done = f32[8]{0} all-reduce-done(%ar)
 }
-"""
+""",
+)
 
 
 def run(spec: str, **kwargs: object) -> Compilation:

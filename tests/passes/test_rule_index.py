@@ -1,9 +1,9 @@
 """The deadlock rule at scale, and as strict as XLA's.
 
 * ``tied_units`` and verify-streams find the pairs that share two or more devices
-  through ``collectives.InFlight`` (groups indexed by device, answers remembered per
+  through ``streams.rule.InFlight`` (groups indexed by device, answers remembered per
   couple of groupings); they give the same units and the same verdicts as the
-  pair-by-pair definition (``AsyncPair.shares_devices_with``), checked here on every
+  pair-by-pair definition (``streams.rule.must_share_stream``), checked here on every
   fixture and on random pairs.
 * Modules built to make a pair-by-pair rule quadratic finish in seconds (the bounds
   are generous: 10 s for what takes well under one; a return to quadratic takes
@@ -25,41 +25,37 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from conftest import alarm
+from conftest import ADD_REDUCER, alarm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xla_streams.collectives import (
+from xla_streams.hlo import HloError, Instruction, parse_module
+from xla_streams.passes.base import Compilation
+from xla_streams.pipeline import PassManager, build_pipeline
+from xla_streams.streams import (
     AsyncPair,
     RuleWorkExceeded,
     StreamAssignment,
-    in_flight_order,
+    VerificationError,
+    assign_streams,
+    find_async_pairs,
+    must_share_stream,
     tied_units,
+    verify_streams,
 )
-from xla_streams.hlo import HloError, Instruction, parse_module
-from xla_streams.passes.assign_streams import assign_streams
-from xla_streams.passes.base import Compilation, VerificationError
-from xla_streams.passes.find_async_pairs import find_async_pairs
-from xla_streams.passes.verify_streams import verify_streams
-from xla_streams.pipeline import PassManager, build_pipeline
+from xla_streams.streams.pairs import in_flight_order
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = sorted((REPO / "hlo_fixtures").glob("*.hlo"))
 BOUND_S = 10.0
-
-HEAD = """\
-%add (lhs: f32[], rhs: f32[]) -> f32[] {
-  %lhs = f32[] parameter(0)
-  %rhs = f32[] parameter(1)
-  ROOT %sum = f32[] add(%lhs, %rhs)
-}
-"""
 
 
 # -- the definition, pair by pair (what the index must agree with) ----------------------
 
 
 def reference_units(pairs: list[AsyncPair]) -> list[list[str]]:
+    """The ties of every couple the rule ties, taken transitively; and, as tied_units
+    says it does, every send and recv of one channel together."""
     index = {p.start: i for i, p in enumerate(pairs)}
     parent = list(range(len(pairs)))
 
@@ -68,13 +64,10 @@ def reference_units(pairs: list[AsyncPair]) -> list[list[str]]:
             i = parent[i]
         return i
 
-    active: list[tuple[int, AsyncPair]] = []
-    for begin, end, p in in_flight_order(pairs):
-        active = [(done, q) for done, q in active if done > begin]
-        for _, q in active:
-            if p.shares_devices_with(q):
-                parent[find(index[p.start])] = find(index[q.start])
-        active.append((end, p))
+    for i, p in enumerate(pairs):
+        for q in pairs[:i]:
+            if must_share_stream(p, q):
+                parent[find(i)] = find(index[q.start])
     first: dict[int, int] = {}
     for p in pairs:
         if p.kind in ("send", "recv") and p.channel is not None:
@@ -90,15 +83,11 @@ def names(units: list[list[AsyncPair]]) -> list[list[str]]:
 
 
 def reference_violation(pairs: list[AsyncPair], stream_of: dict[str, int | None]) -> bool:
-    active: list[tuple[int, AsyncPair]] = []
-    for begin, end, p in in_flight_order(pairs):
-        active = [(done, q) for done, q in active if done > begin]
-        for _, q in active:
-            other_stream = q is not p and stream_of[q.start] != stream_of[p.start]
-            if other_stream and p.shares_devices_with(q):
-                return True
-        active.append((end, p))
-    return False
+    return any(
+        stream_of[p.start] != stream_of[q.start] and must_share_stream(p, q)
+        for i, p in enumerate(pairs)
+        for q in pairs[:i]
+    )
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=[p.name for p in FIXTURES])
@@ -302,9 +291,9 @@ def test_a_module_past_the_work_budget_is_refused_with_a_located_error(
 ) -> None:
     """Every all-reduce meets every one in flight at device 0: n^2/2 steps. With the
     budget lowered the test stays quick; the error points at the start that ran out."""
-    import xla_streams.collectives as collectives
+    import xla_streams.streams.rule as rule
 
-    monkeypatch.setattr(collectives, "MAX_RULE_WORK", 50_000)
+    monkeypatch.setattr(rule, "MAX_RULE_WORK", 50_000)
     text = hub(600)
     with pytest.raises(HloError) as err:
         run_pipeline(text)
@@ -318,11 +307,11 @@ def test_a_module_past_the_work_budget_is_refused_with_a_located_error(
 
 
 def test_the_budget_bounds_verify_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    import xla_streams.collectives as collectives
+    import xla_streams.streams.rule as rule
 
     compilation = run_pipeline(hub(300))
     assert compilation.assignment is not None
-    monkeypatch.setattr(collectives.InFlight.__init__, "__defaults__", (1_000,))
+    monkeypatch.setattr(rule.InFlight.__init__, "__defaults__", (1_000,))
     with pytest.raises(HloError, match="deadlock rule needs more than 1000 steps"):
         verify_streams(compilation.pairs, compilation.assignment, compilation.module)
     with pytest.raises(VerificationError, match="needs more than 1000 steps"):
@@ -336,7 +325,7 @@ def test_the_budget_bounds_verify_too(monkeypatch: pytest.MonkeyPatch) -> None:
 UPDATES = f"""\
 HloModule updates, is_scheduled=true, num_partitions=2
 
-{HEAD}
+{ADD_REDUCER}
 %wrapped (x: f32[8]) -> f32[8] {{
   %x = f32[8]{{0}} parameter(0)
   ROOT %ar = f32[8]{{0}} all-reduce(%x), channel_id=1, replica_groups={{{{0,1}}}}, use_global_device_ids=true, to_apply=%add
@@ -376,7 +365,7 @@ def test_an_async_update_chain_that_loops_is_an_error_not_a_hang() -> None:
 ONE_PAIR = f"""\
 HloModule m, is_scheduled=true, num_partitions=2
 
-{HEAD}
+{ADD_REDUCER}
 ENTRY %main (p: f32[8]) -> f32[8] {{
   %p = f32[8]{{0}} parameter(0)
   %s = f32[8]{{0}} all-reduce-start(%p), channel_id=1, replica_groups={{{{0,1}}}}, use_global_device_ids=true, to_apply=%add, frontend_attributes={{_xla_stream_annotation="ANNOTATION"}}
@@ -415,7 +404,7 @@ def test_a_channel_id_is_ascii_digits_or_a_located_error(value: str) -> None:
 GROUP = f"""\
 HloModule grp, is_scheduled=true, num_partitions=4
 
-{HEAD}
+{ADD_REDUCER}
 %group (g: f32[8]) -> (f32[8], f32[8]) {{
   %g = f32[8]{{0}} parameter(0)
   %ar1 = f32[8]{{0}} all-reduce(%g), channel_id=1, replica_groups={{{{0,1}},{{2,3}}}}, use_global_device_ids=true, to_apply=%add
@@ -462,12 +451,12 @@ def test_a_collectives_group_is_tied_as_xla_sees_it(other: str, tied: bool) -> N
             verify_streams(compilation.pairs, broken, compilation.module)
 
 
-# -- the 3-cycle: not tied, as XLA (see AsyncPair.must_share_stream_with) ---------------
+# -- the 3-cycle: not tied, as XLA (see xla_streams/streams/rule.py) --------------------
 
 THREE_CYCLE = f"""\
 HloModule three_cycle, is_scheduled=true, num_partitions=3
 
-{HEAD}
+{ADD_REDUCER}
 ENTRY %main (p: f32[1024]) -> f32[1024] {{
   %p = f32[1024]{{0}} parameter(0)
   %a = f32[1024]{{0}} all-reduce-start(%p), channel_id=1, replica_groups={{{{0,2}},{{1}}}}, use_global_device_ids=true, to_apply=%add
@@ -491,7 +480,7 @@ def test_three_collectives_that_pairwise_share_one_device_stay_on_three_streams(
     pairs = list(compilation.pairs)
     assert [p.start for p in pairs] == ["a", "b", "c"]
     assert all(
-        p.overlaps(q) and not p.shares_devices_with(q) for p in pairs for q in pairs if p is not q
+        p.overlaps(q) and not must_share_stream(p, q) for p in pairs for q in pairs if p is not q
     )
     assert [len(u) for u in tied_units(pairs)] == [1, 1, 1]
     assignment = compilation.assignment

@@ -160,8 +160,8 @@ def test_a_binary_table_is_accepted(tmp_path: Path) -> None:
 def flags_state(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """The plugin's XLA_FLAGS bookkeeping, restored afterwards; XLA not started."""
     monkeypatch.setattr(jax_compat, "backends_started", lambda: False)
-    for name in ("_xla_flags_before", "_xla_flags_added", "_model", "_late_warning_given"):
-        monkeypatch.setattr(plugin, name, getattr(plugin, name))
+    for name in ("xla_flags_before", "xla_flags_added", "model", "late_warning_given"):
+        monkeypatch.setattr(plugin._state, name, getattr(plugin._state, name))
     return monkeypatch
 
 
@@ -273,8 +273,9 @@ def _predicted_ms(trace: Path) -> list[float]:
 
 def test_the_html_report_prices_collectives_from_the_table(tmp_path: Path) -> None:
     table = write(tmp_path, SLOW)
-    vendored, _ = write_visual_report(_compilation(), tmp_path / "a", "m")
-    mine, page = write_visual_report(_compilation(), tmp_path / "b", "m", perf_table=table)
+    c = _compilation()
+    vendored, _ = write_visual_report(c.module, c.pairs, tmp_path / "a", "m")
+    mine, page = write_visual_report(c.module, c.pairs, tmp_path / "b", "m", perf_table=table)
     # Ten all-reduces at 1 GB/s: over 100 ms of collectives, against XLA's NVLink times.
     assert min(_predicted_ms(mine)) > max(_predicted_ms(vendored)) + 50
     # XLA's own multi-streaming is drawn beside the stream counts.
@@ -295,7 +296,8 @@ def test_the_hook_uses_the_setting_and_falls_back_when_the_gpu_is_missing(
         trace = next(p for p in paths if p.endswith(".trace.json"))
         return _predicted_ms(Path(trace))
 
-    plain, _ = write_visual_report(_compilation(), tmp_path / "plain", "m")
+    c = _compilation()
+    plain, _ = write_visual_report(c.module, c.pairs, tmp_path / "plain", "m")
     assert min(reports(slow, "slow")) > max(_predicted_ms(plain)) + 50
     # A table without H100's measurements: the report is still written, from XLA's
     # own table, and the log says so.

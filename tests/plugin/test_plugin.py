@@ -197,10 +197,10 @@ def test_stream_model_takes_the_overlap_limit_in_effect(
 ) -> None:
     monkeypatch.setenv("XLA_FLAGS", xla_flags.format(limit=xla_options.OVERLAP_LIMIT))
     monkeypatch.setattr(plugin.jax_compat, "backends_started", lambda: started)
-    for name in ("_xla_flags_before", "_xla_flags_added", "_model", "_late_warning_given"):
-        monkeypatch.setattr(plugin, name, getattr(plugin, name))
+    for name in ("xla_flags_before", "xla_flags_added", "model", "late_warning_given"):
+        monkeypatch.setattr(plugin._state, name, getattr(plugin._state, name))
     plugin._apply_xla_options(Config(4))
-    assert plugin._model.overlap_limit == expected
+    assert plugin._state.model.overlap_limit == expected
 
 
 # -- the module the hook sees ----------------------------------------------------------
@@ -213,7 +213,7 @@ def native(text: str, streams: int = 4) -> Any:
 
 
 def test_the_pipeline_annotates_and_the_reports_describe_it(tmp_path: Path) -> None:
-    from xla_streams.report import build_report, format_report, to_json, write_reports
+    from xla_streams.report import build_report, format_report, write_reports
 
     text = FIXTURE.read_text()
     compilation = native(text)
@@ -223,7 +223,7 @@ def test_the_pipeline_annotates_and_the_reports_describe_it(tmp_path: Path) -> N
     json_path, txt_path = write_reports(compilation, str(tmp_path), digest)
     assert Path(json_path).name == f"{compilation.module.name}.{digest}.json"
     report = build_report(compilation)
-    assert Path(json_path).read_text() == to_json(report)
+    assert Path(json_path).read_text() == report.to_json()
     assert Path(txt_path).read_text() == format_report(report)
     assert sorted(os.listdir(tmp_path)) == sorted(
         [Path(json_path).name, Path(txt_path).name, "index.json", "index.txt", ".index.lock"]
@@ -675,8 +675,8 @@ def test_byte_scan_finds_every_module_with_collectives() -> None:
     """The hook skips printing and parsing a module only when it surely has no collective."""
     from jaxlib import _hlo
 
+    from xla_streams.collectives import COLLECTIVE_OPCODES as COLLECTIVES
     from xla_streams.hlo import parse_module
-    from xla_streams.passes.find_async_pairs import COLLECTIVES
 
     fixtures = sorted((REPO / "hlo_fixtures").glob("*.hlo"))
     assert fixtures

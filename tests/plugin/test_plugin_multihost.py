@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import hlo_module
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "hlo_fixtures" / "transformer_step.limit4.hook.hlo"
@@ -206,20 +207,15 @@ def test_ffi_mode_leaves_collectives_across_processes_to_xla(tmp_path: Path) -> 
         assert CROSS_PROCESS not in err
 
 
-MODULE = """\
-HloModule m, num_partitions=4
-
-%add (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-
+MODULE = hlo_module(
+    "HloModule m, num_partitions=4",
+    """\
 ENTRY %main (p: f32[8]) -> f32[8] {
   %p = f32[8]{0} parameter(0)
   ROOT %ar = f32[8]{0} all-reduce(%p), channel_id=1, replica_groups=GROUPS, use_global_device_ids=true, to_apply=%add
 }
-"""
+""",
+)
 
 
 def test_which_modules_ffi_mode_leaves_to_xla(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -239,7 +240,22 @@ def test_config_refuses_xla_options_that_are_not_one_value() -> None:
         Config(2, xla_options={LIMIT: "4 --xla_dump_to=/tmp/x"})
     with pytest.raises(ConfigError, match="not an XLA option name"):
         Config(2, xla_options={"xla_a --xla_b": 1})
-    assert Config(2, xla_options={LIMIT: 4, "xla_gpu_pipeline_all_gather": "ON"}).xla_options
+    # One value each: kept as given, and each reaches XLA_FLAGS as one flag.
+    good = {
+        LIMIT: 4,
+        "xla_gpu_pipeline_all_gather": "ON",
+        "xla_gpu_enable_latency_hiding_scheduler": True,
+    }
+    config = Config(2, xla_options=good)
+    assert dict(config.xla_options) == good
+    new, added, _ = xla_options.with_options("--xla_dump_to=/tmp/d", config.xla_options)
+    expected = [
+        f"--{LIMIT}=4",
+        "--xla_gpu_pipeline_all_gather=ON",
+        "--xla_gpu_enable_latency_hiding_scheduler=true",
+    ]
+    assert added == expected
+    assert shlex.split(new) == ["--xla_dump_to=/tmp/d", *expected]
 
 
 # -- the program itself: stopped at start-up, one message --------------------------------
@@ -331,9 +347,9 @@ class Lines(logging.Handler):
 def startup(monkeypatch: pytest.MonkeyPatch) -> Iterator[Lines]:
     """The plugin's log records of an enable() made as if JAX had not started yet."""
     monkeypatch.setattr(plugin.jax_compat, "backends_started", lambda: False)
-    for name in ("_xla_flags_before", "_xla_flags_added", "_model", "_untuned_note_given"):
-        monkeypatch.setattr(plugin, name, getattr(plugin, name))
-    monkeypatch.setattr(plugin, "_untuned_note_given", False)
+    for name in ("xla_flags_before", "xla_flags_added", "model", "untuned_note_given"):
+        monkeypatch.setattr(plugin._state, name, getattr(plugin._state, name))
+    plugin._state.untuned_note_given = False
     plugin.disable()
     lines = Lines()
     logger = logging.getLogger("xla_streams")
@@ -388,7 +404,7 @@ def test_raising_the_overlap_limit_without_a_tune_file_says_how_to_check_it(
     assert sum("no prediction" in m for m in messages(startup)) == 1
     # With a tune result, its prediction is there: no note.
     startup.records.clear()
-    monkeypatch.setattr(plugin, "_untuned_note_given", False)
+    plugin._state.untuned_note_given = False
     tune = tune_file(tmp_path / "tune.json", LIMIT, 4)
     plugin.disable()
     plugin.enable(config=str(tune))

@@ -16,9 +16,9 @@ import pytest
 
 from xla_streams.collectives import StreamModel
 from xla_streams.hlo import parse_module
-from xla_streams.passes.find_async_pairs import find_async_pairs
 from xla_streams.simulate import Simulator, execution_streams, get_target, xla_stream_assignment
 from xla_streams.simulate.execution_streams import post_order
+from xla_streams.streams import find_async_pairs
 
 DATA = Path(__file__).resolve().parent / "data"
 JAX_012 = StreamModel(overlap_limit=1, sync_on_compute=True)

@@ -11,7 +11,6 @@ import pytest
 
 from xla_streams._wire import encode_varint
 from xla_streams.hlo import parse_module
-from xla_streams.passes.assign_streams import assign_streams
 from xla_streams.simulate import (
     MODEL_ERRORS,
     ErrorScale,
@@ -22,6 +21,7 @@ from xla_streams.simulate import (
     predict_range,
 )
 from xla_streams.simulate.profile import module_fingerprint, parse_profile
+from xla_streams.streams import assign_streams
 
 H100 = dataclasses.replace(get_target("h100"), perf_table_key=None)
 US = 1e-6

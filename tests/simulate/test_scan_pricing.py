@@ -191,7 +191,7 @@ def test_an_async_fusion_runs_once_beside_the_compute_stream(elements: int) -> N
 
 
 def _one_stream(sim: Simulator):  # type: ignore[no-untyped-def]
-    from xla_streams.passes.assign_streams import assign_streams
+    from xla_streams.streams import assign_streams
 
     return assign_streams(sim.pairs, 1, "interval")
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from conftest import ADD_REDUCER
 
 from xla_streams.cli.simulate import (
     format_what_if,
@@ -38,7 +39,6 @@ from xla_streams.cli.simulate import (
 )
 from xla_streams.collectives import StreamModel
 from xla_streams.hlo import parse_module
-from xla_streams.passes.assign_streams import assign_streams
 from xla_streams.passes.base import Compilation
 from xla_streams.pipeline import PassManager
 from xla_streams.simulate import Simulator, collective_cost, get_target, what_if
@@ -60,6 +60,7 @@ from xla_streams.simulate.simulator import (
 from xla_streams.simulate.targets import Target, TargetError, load_target, target_with_overrides
 from xla_streams.simulate.trace import lane_tid, trace_events
 from xla_streams.simulate.visual import record_timelines, write_visual_report
+from xla_streams.streams import assign_streams
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = sorted((REPO / "hlo_fixtures").glob("*.hlo"))
@@ -95,13 +96,6 @@ def negate(elements: int, t: Target = H100) -> float:
     """An f32 negate of ``elements``: read and write them, plus the kernel overhead."""
     return 2 * elements * 4 / memory(t) + t.kernel_overhead
 
-
-ADD = """%add (x: f32[], y: f32[]) -> f32[] {
-  %x = f32[] parameter(0)
-  %y = f32[] parameter(1)
-  ROOT %s = f32[] add(%x, %y)
-}
-"""
 
 # -- 1. two independent collectives: one stream vs two ----------------------------------
 
@@ -161,7 +155,7 @@ def test_two_independent_collectives_one_stream_vs_two() -> None:
 
 HIDDEN = f"""HloModule hidden, is_scheduled=true, num_partitions=8
 
-{ADD}
+{ADD_REDUCER}
 ENTRY %main (a: bf16[8192,8192], b: bf16[8192,8192], g: f32[16777216]) -> (bf16[8192,8192], f32[16777216]) {{
   %a = bf16[8192,8192]{{1,0}} parameter(0)
   %b = bf16[8192,8192]{{1,0}} parameter(1)
@@ -428,7 +422,7 @@ def test_collective_in_flight_across_a_compute_only_loop(trip: int) -> None:
 
 SYNC = f"""HloModule sync, is_scheduled=true, num_partitions=8
 
-{ADD}
+{ADD_REDUCER}
 ENTRY %main (g: f32[1048576]) -> f32[1048576] {{
   %g = f32[1048576]{{0}} parameter(0)
   %ar = f32[1048576]{{0}} all-reduce-start(%g), channel_id=1, replica_groups={{{{0,1,2,3,4,5,6,7}}}}, use_global_device_ids=true, to_apply=%add, backend_config={{"collective_backend_config":{{"is_sync":true}}}}
@@ -458,7 +452,7 @@ def test_sync_pairs_run_where_xla_runs_them() -> None:
 # across hosts, and a sync all-reduce over all 8 devices inside both intervals.
 SYNC_INSIDE = f"""HloModule sync_inside, is_scheduled=true, num_partitions=8
 
-{ADD}
+{ADD_REDUCER}
 ENTRY %main (a: f32[4194304], b: f32[1048576], c: f32[1048576], v: f32[1024]) -> (f32[4194304], f32[8388608], f32[1048576], f32[1024]) {{
   %a = f32[4194304]{{0}} parameter(0)
   %b = f32[1048576]{{0}} parameter(1)
@@ -667,6 +661,7 @@ def test_calibration_file_round_trip(tmp_path: Path) -> None:
         "collective": {"all-reduce": 1.5},
     }
     assert load_calibration(path) == calibration
+    assert Calibration.from_json(calibration.to_json()) == calibration
     calibrated = calibration.apply(get_target("h200"))
     assert calibrated.calibration == {"matmul": 1.25, "memory": 0.5, "all-reduce": 1.5}
     assert "NVIDIA H200" in calibrated.sources[-1]
@@ -697,20 +692,47 @@ def test_calibration_scales_each_class() -> None:
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"targets": {"h100": {"matmul": 1.0}}}, "schema"),
-        ({"schema": SCHEMA, "targets": {"h100": {"gemm": 1.0}}}, "unknown class 'gemm'"),
-        ({"schema": SCHEMA, "targets": {"h100": {"matmul": 0}}}, "positive number"),
-        ({"schema": SCHEMA, "targets": {"h100": {"matmul": True}}}, "positive number"),
-        ({"schema": SCHEMA, "targets": {"h100": {"collective": {"psum": 1.0}}}}, "'psum'"),
-        ({"schema": SCHEMA, "targets": {}}, "targets must map"),
-        ({"schema": SCHEMA, "targets": {"h100": {}}, "extra": 1}, "unknown key(s) extra"),
+        ({"targets": {"h100": {"matmul": 1.0}}},
+         "schema: expected 'xla_streams.calibration.v1', got None"),
+        ({"schema": SCHEMA, "targets": {"h100": {"gemm": 1.0}}},
+         "targets.h100.gemm: unknown class 'gemm'; classes: matmul, memory, collective"),
+        ({"schema": SCHEMA, "targets": {"h100": {"matmul": 0}}},
+         "targets.h100.matmul: a ratio must be a positive number, got a number (0)"),
+        ({"schema": SCHEMA, "targets": {"h100": {"matmul": True}}},
+         "targets.h100.matmul: a ratio must be a positive number, got a boolean"),
+        ({"schema": SCHEMA, "targets": {"h100": {"collective": {"psum": 1.0}}}},
+         "targets.h100.collective.psum: unknown collective kind 'psum'"),
+        ({"schema": SCHEMA, "targets": {"h100": {"collective": [1.0]}}},
+         "targets.h100.collective: expected a JSON object, got a JSON array"),
+        ({"schema": SCHEMA, "targets": {}}, "targets: expected the ratios of at least one target"),
+        ({"schema": SCHEMA}, "targets: missing"),
+        ({"schema": SCHEMA, "provenance": {"gpu": 1}, "targets": {"h100": {}}},
+         "provenance.gpu: expected a string, got a number (1)"),
+        ({"schema": SCHEMA, "targets": {"h100": {}}, "extra": 1},
+         "unknown key(s) extra; expected schema, provenance, targets"),
     ],
-)
-def test_bad_calibration_files_say_what_is_wrong(tmp_path: Path, data: dict, message: str) -> None:
+)  # fmt: skip
+def test_bad_calibration_files_say_what_is_wrong_and_where(
+    tmp_path: Path, data: dict, message: str
+) -> None:
     path = tmp_path / "c.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(CalibrationError, match=re.escape(message)):
+    with pytest.raises(CalibrationError, match="^" + re.escape(f"{path}: {message}")):
         load_calibration(path)
+    with pytest.raises(CalibrationError, match="^" + re.escape(f"c.json: {message}")):
+        Calibration.from_json(json.dumps(data), "c.json")
+
+
+def test_a_calibration_file_that_is_not_json_or_not_there(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text('{"schema": ')
+    with pytest.raises(CalibrationError, match="^" + re.escape(f"{path}: not JSON: ")):
+        load_calibration(path)
+    missing = tmp_path / "missing.json"
+    with pytest.raises(
+        CalibrationError, match=re.escape(f"{missing}: cannot read the calibration")
+    ):
+        load_calibration(missing)
 
 
 def test_calibration_for_another_target_is_refused(tmp_path: Path) -> None:
@@ -997,7 +1019,9 @@ def test_write_visual_report_for_a_compilation(tmp_path: Path) -> None:
     PassManager.from_spec("find-async-pairs,assign-streams{streams=2},verify-streams").run(
         compilation
     )
-    trace, page = write_visual_report(compilation, tmp_path / "reports", "module_0001")
+    trace, page = write_visual_report(
+        compilation.module, compilation.pairs, tmp_path / "reports", "module_0001"
+    )
     assert trace == tmp_path / "reports" / "module_0001.trace.json"
     assert page == tmp_path / "reports" / "module_0001.html"
     assert json.loads(trace.read_text())["traceEvents"]

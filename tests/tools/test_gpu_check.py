@@ -4,6 +4,7 @@ GPU's few minutes go to measuring, not to debugging the script."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import importlib.util
 import json
@@ -15,12 +16,12 @@ from typing import Any
 
 import pytest
 
+from xla_streams.report import AssignmentReport, ReportedCollective, ReportSummary
 from xla_streams.runtime import abi
 from xla_streams.simulate.calibration import load_calibration
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tools" / "gpu_check.py"
-RECORD_KEYS = {"name", "passed", "figures", "seconds", "error", "proves", "does_not_prove"}
 
 
 def _script() -> Any:
@@ -47,11 +48,12 @@ def test_dry_run_plans_and_runs_what_needs_no_gpu(tmp_path: Path) -> None:
         assert step in result.stdout
     report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     assert report["schema"] == "xla_streams.gpu_check.v1" and report["dry_run"] is True
+    assert list(report) == ["schema"] + [f.name for f in dataclasses.fields(check.GpuCheckReport)]
     assert "python" in report["versions"] and "jax" in report["versions"]
     checks = {c["name"]: c for c in report["checks"]}
     assert list(checks) == ["build", "native", "ffi", "calibration", "plugin_overhead"]
     for record in checks.values():
-        assert set(record) == RECORD_KEYS
+        assert list(record) == [f.name for f in dataclasses.fields(check.Record)]
         assert record["proves"] and record["does_not_prove"]
     # The GPU checks did not run; the calibration path ran end to end on a fixture.
     assert {checks[n]["passed"] for n in ("build", "native", "ffi", "plugin_overhead")} == {None}
@@ -89,7 +91,7 @@ def test_dry_run_imports_neither_jax_nor_numpy(tmp_path: Path) -> None:
 def test_ffi_calls_are_the_abis() -> None:
     """The ffi check calls every kind and element type lower-to-ffi hands the CUDA
     runtime, with attributes that read back as written."""
-    assert check.FFI_KINDS == abi.KINDS
+    assert check.FFI_KINDS == abi.FFI_KINDS
     assert tuple(check.FFI_DTYPES) == abi.ELEMENT_TYPES["cuda"]
     gather = check.ffi_call_of(3, "all-gather", 1)
     assert abi.CollectiveCall.parse(gather.start_config()) == gather
@@ -160,14 +162,34 @@ def _trace(on_streams: dict[str, int]) -> dict[str, Any]:
     return {"traceEvents": meta + events}
 
 
-REPORT = {
-    "module": "jit_step",
-    "collectives": [
-        {"start": "all-gather-start", "done": "all-gather-done", "stream": 0},
-        {"start": "all-reduce-start", "done": "all-reduce-done", "stream": 1},
-        {"start": "sync", "done": "sync.done", "stream": None},
-    ],
-}
+def _collective(start: str, done: str, stream: int | None) -> ReportedCollective:
+    """A pair of the report the plugin writes; only names and stream matter here."""
+    return ReportedCollective(
+        computation="main", start=start, done=done, kind="all-reduce", start_index=0,
+        done_index=1, sync=stream is None, pipelined=False,
+        runs_on="communication" if stream is not None else "compute", stream=stream, calls=1,
+        groups=((0, 1),), bytes=4096, serialized_by=None, reassigned=None,
+    )  # fmt: skip
+
+
+REPORT = AssignmentReport(
+    module="jit_step",
+    streams=2,
+    policy="interval",
+    collectives=(
+        _collective("all-gather-start", "all-gather-done", 0),
+        _collective("all-reduce-start", "all-reduce-done", 1),
+        _collective("sync", "sync.done", None),
+    ),
+    summary=ReportSummary(3, 2, 2, 2, 0, 0, 0, 1, 0, 0, {"all-reduce": 3}, {"main": 2}),
+)
+
+
+def test_the_report_is_read_as_the_plugin_writes_it(tmp_path: Path) -> None:
+    (tmp_path / "jit_step.0123.json").write_text(REPORT.to_json())
+    assert check.load_report(tmp_path, "jit_step") == REPORT
+    with pytest.raises(FileNotFoundError):
+        check.load_report(tmp_path, "other")
 
 
 def test_kernels_per_instruction_from_a_profiler_trace() -> None:
@@ -219,8 +241,8 @@ def test_thunk_dump_and_debug_options(tmp_path: Path) -> None:
     )
     ok, why = check.check_thunks(str(tmp_path), REPORT)
     assert ok and "communication_stream[0, 1]" in why
-    swapped = json.loads(json.dumps(REPORT))
-    swapped["collectives"][0]["stream"] = 1
+    first = dataclasses.replace(REPORT.collectives[0], stream=1)
+    swapped = dataclasses.replace(REPORT, collectives=(first, *REPORT.collectives[1:]))
     assert not check.check_thunks(str(tmp_path), swapped)[0]
     assert not check.check_thunks(str(tmp_path / "missing"), REPORT)[0]
     (tmp_path / "module_0003.jit_step.debug_options").write_text(

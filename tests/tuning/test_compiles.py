@@ -23,7 +23,7 @@ from xla_streams import aot, jax_compat, programs
 from xla_streams import xla_options as xo
 from xla_streams.collectives import StreamModel
 from xla_streams.hlo import parse_module
-from xla_streams.passes.find_async_pairs import find_async_pairs
+from xla_streams.streams import find_async_pairs
 from xla_streams.tuning.cache import CompileCache, Refused
 from xla_streams.tuning.compiling import (
     CachedCompiler,

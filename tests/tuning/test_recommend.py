@@ -20,9 +20,9 @@ from conftest import CompiledStandIn
 from xla_streams import xla_options as xo
 from xla_streams.collectives import StreamModel
 from xla_streams.hlo import parse_module
-from xla_streams.passes.find_async_pairs import find_async_pairs
 from xla_streams.simulate import PredictionRange, Simulator, get_target, xla_stream_assignment
 from xla_streams.simulate.measured import DEFAULT_TABLE_PATH
+from xla_streams.streams import find_async_pairs
 from xla_streams.tuning import search
 from xla_streams.tuning.driver import tune_lowered
 from xla_streams.tuning.result import TuneError, TuneResult

@@ -24,10 +24,10 @@ import pytest
 from conftest import CompiledStandIn
 
 import xla_streams
-from xla_streams import cli, xla_options
+from xla_streams import _json, cli, xla_options
 from xla_streams.tuning import driver, search
 from xla_streams.tuning.driver import tune_lowered
-from xla_streams.tuning.levers import Facts, canonical, levers
+from xla_streams.tuning.levers import Facts, canonical, describe, levers
 from xla_streams.tuning.result import (
     MAX_TUNE_FILE_BYTES,
     SCHEMA,
@@ -35,9 +35,7 @@ from xla_streams.tuning.result import (
     TuneError,
     TuneResult,
     command_line,
-    describe,
     load_tune_result,
-    parse_tune_result,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -242,8 +240,8 @@ def test_an_unreadable_tune_file(tmp_path: Path) -> None:
     (tmp_path / "x.json").write_text("{")
     with pytest.raises(TuneError, match="x.json: not JSON"):
         load_tune_result(tmp_path / "x.json")
-    with pytest.raises(TuneError, match="expected a JSON object, got a JSON array"):
-        parse_tune_result([], "t.json")
+    with pytest.raises(TuneError, match="t.json: expected a JSON object .*got a JSON array"):
+        TuneResult.from_json(_json.Value([], "t.json", "", TuneError))
 
 
 # -- the search, on fixture modules -------------------------------------------------------
@@ -414,8 +412,8 @@ def test_tune_finds_a_faster_configuration_that_fits(scan_result: TuneResult) ->
     table = r.table()
     assert "<- recommended" in table and "<- baseline" in table and "memory:" in table
     assert "HloModule" in r.best_hlo
-    data = json.loads(r.json_text())
-    assert parse_tune_result(data).best == Configuration(
+    data = _json.loads(r.json_text(), "tune.json", TuneError)
+    assert TuneResult.from_json(data).best == Configuration(
         r.best.xla_flags, 2, "interval", round(r.best.predicted_step_ms, 6),
         r.best.peak_memory_bytes, round(r.best.exposed_communication_ms or 0, 6),
         step_low_ms=round(r.best.step_low_ms or 0, 6),
@@ -507,7 +505,7 @@ PROGRAMS = {
         (["other.py", "--program=fsdp_chain"], "not both"),
         (["--program=nope"], "unknown program 'nope'"),
         (["other.py:make", "--devices=12"], "not a multiple of devices_per_host=8"),
-        (["other.py:make", "--devices=8", "--levers=warp"], "levers must be distinct names"),
+        (["other.py:make", "--devices=8", "--levers=warp"], "--levers=warp: expected distinct"),
         (["other.py:make", "--devices=8", "--target=tpu"], "--target"),
         # Refused before any work: more devices than a tuned topology may hold, ...
         (["other.py:make", "--devices=70000"], "65536"),

@@ -46,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, TextIO
 
+from xla_streams import __version__
 from xla_streams._io import atomic_write_many
 from xla_streams._text import aligned
 from xla_streams.cli import flags
@@ -60,8 +61,9 @@ from xla_streams.collectives import (
     streams_from_text,
 )
 from xla_streams.hlo import HloError, Module, parse_module
-from xla_streams.passes.base import Compilation, ModulePass, PipelineError, VerificationError
+from xla_streams.passes.base import Compilation, ModulePass, PipelineError
 from xla_streams.pipeline import PASSES, PassManager, build_pipeline, pass_class
+from xla_streams.streams import VerificationError
 
 PROG = "xla-streams"
 STDIO = "-"
@@ -428,10 +430,10 @@ def _assigned(args: Args, *, annotate: bool) -> Compilation:
 
 
 def _reports(args: Args, compilation: Compilation, *, quiet: bool) -> None:
-    from xla_streams.report import build_report, format_report, to_json
+    from xla_streams.report import build_report, format_report
 
     report = build_report(compilation)
-    args.output(args.flag("json"), to_json(report))
+    args.output(args.flag("json"), report.to_json())
     if not quiet:
         table = format_report(report)
         if args.uses_stdout("json", "output"):
@@ -469,8 +471,6 @@ def main(
         stdout.write(_main_help())
         return EXIT_OK
     if name in ("--version", "version"):
-        from xla_streams import __version__
-
         stdout.write(f"{PROG} {__version__}\n")
         return EXIT_OK
     command = COMMANDS.get(name)

@@ -19,6 +19,10 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Literal, TextIO
 
+from xla_streams import aot, jax_compat, plugin
+from xla_streams.plugin import hook
+from xla_streams.programs import PROGRAMS
+
 Mode = Literal["auto", "gpu", "aot"]
 
 
@@ -45,9 +49,6 @@ def run(
     out: TextIO,
 ) -> None:
     """Compile ``program_name`` with the plugin on and print its assignment. Raises Unavailable."""
-    from xla_streams import jax_compat
-    from xla_streams.programs import PROGRAMS
-
     program = PROGRAMS[program_name]
     if mode == "auto":
         enough = visible_gpus() >= program.num_devices
@@ -56,9 +57,6 @@ def run(
         # The compile-only client needs no GPU; JAX must not try to open one.
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     report_dir = os.path.abspath(report_dir or tempfile.mkdtemp(prefix="xla_streams_demo_"))
-    from xla_streams import plugin
-    from xla_streams.plugin import hook
-
     # Before JAX starts, so that the XLA options native mode needs take effect.
     plugin.enable(streams, policy=policy, report_dir=report_dir)
     hook.reset_stats()
@@ -102,8 +100,6 @@ def _gpus(program: Any) -> tuple[list[Any], str]:
 
 
 def _compile_only(program: Any, target: str) -> tuple[list[Any], str]:
-    from xla_streams import aot
-
     try:
         topology = aot.gpu_topology(target, program.num_devices, program.devices_per_host)
     except aot.GpuAotUnavailable as e:

@@ -10,7 +10,7 @@ collective multi-streaming (``xla_stream_assignment``: streams 0 and 1 in turn,
 in post-order), the range of the K=1 step time when every modelled input is at
 either end of its error bound (``predict_range``), and, with a PGLE profile, how
 much of the step was measured rather than modelled. ``--json`` writes all of it
-(schema :data:`SCHEMA`, checked by :func:`json_problems`).
+(:class:`~xla_streams.simulate.prediction.Prediction`, schema ``xla_streams.simulate.v1``).
 
 The command lives here so that ``cli.py`` only registers it (``command_flags``,
 ``run_cli``); ``simulate_command`` is the same for Python callers. ``run_cli``
@@ -21,7 +21,6 @@ plugin writes, are in :mod:`xla_streams.simulate.visual`.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -46,7 +45,8 @@ from xla_streams.hlo import HloError, Module, parse_module
 from xla_streams.passes.base import Compilation, Fact
 from xla_streams.simulate.calibration import CalibrationError, load_calibration
 from xla_streams.simulate.execution_streams import MULTI_STREAMING_COMMUNICATION_STREAMS
-from xla_streams.simulate.measured import PerfTableError, default_perf_table
+from xla_streams.simulate.measured import PerfTableError
+from xla_streams.simulate.prediction import SCHEMA, Prediction
 from xla_streams.simulate.profile import MeasuredCosts, Profile, ProfileError, load_profile
 from xla_streams.simulate.ranges import PredictionRange, predict_range
 from xla_streams.simulate.simulator import (
@@ -69,7 +69,6 @@ from xla_streams.simulate.visual import pictures, run_xla_multi_streaming
 from xla_streams.xla_options import MULTI_STREAMING
 
 STDOUT = "-"  # the CLI's name for standard output
-SCHEMA = "xla_streams.simulate.v1"  # the JSON that --json writes
 # Inputs at least this large report progress on stderr as they go.
 PROGRESS_BYTES = 4 << 20
 
@@ -108,9 +107,9 @@ class Simulation:
     range: PredictionRange | None = None
     measured: MeasuredCosts | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        """The prediction as ``--json`` writes it (schema :data:`SCHEMA`)."""
-        return simulation_json(self.what, xla=self.xla, range_=self.range, measured=self.measured)
+    def prediction(self) -> Prediction:
+        """What ``--json`` writes."""
+        return Prediction.of(self.what, xla=self.xla, range_=self.range, measured=self.measured)
 
 
 # -- flag values ------------------------------------------------------------------------
@@ -336,167 +335,6 @@ def _ratio(base: float, value: float) -> str:
     return f"{base / value:.2f}x" if value > 0 else "-"
 
 
-# -- JSON --------------------------------------------------------------------------------
-
-
-def simulation_json(
-    what: WhatIf,
-    *,
-    xla: SimResult | None = None,
-    range_: PredictionRange | None = None,
-    measured: MeasuredCosts | None = None,
-) -> dict[str, Any]:
-    """The prediction as a JSON-ready object (schema :data:`SCHEMA`); times in ms.
-
-    ``step_ms``, ``compute_only_ms`` and ``exposed_communication_ms`` are the baseline's
-    (the smallest K under the first policy: one stream, what XLA does); ``results``
-    has every (K, policy); ``bounds`` the rule and lower bounds; ``xla_multi_streaming``,
-    ``range`` and ``profile`` are null when not predicted. Fields may be added to v1,
-    never renamed or removed.
-    """
-    base = what.baseline
-    target = what.target
-    table: str | None = None
-    if target.perf_table_key is not None:
-        table = target.perf_table.path if target.perf_table is not None else None
-        table = table or default_perf_table().path
-    places: dict[str, int] = {}
-    for pair in what.pairs:
-        places[pair.lane] = places.get(pair.lane, 0) + 1
-    results = []
-    for policy in what.policies:
-        for k in what.streams:
-            r = what.results[(k, policy)]
-            results.append(
-                {
-                    "streams": k,
-                    "policy": policy,
-                    **_times(r, base),
-                    "stream_busy_ms": [r.lane_busy.get(s, 0.0) * 1e3 for s in range(k)],
-                }
-            )
-    profile: dict[str, Any] | None = None
-    if measured is not None:
-        profile = {
-            "path": measured.path,
-            "measured_ms": base.profiled_time * 1e3,
-            "modeled_ms": base.modeled_time * 1e3,
-            "measured_fraction": base.profiled_fraction,
-            "names": len(measured.seconds),
-            "names_in_module": len(measured.seconds) - len(measured.unused()),
-            "skipped": measured.skipped,
-        }
-    span: dict[str, Any] | None = None
-    if range_ is not None:
-        span = {"streams": base.streams, "policy": base.policy, **range_.to_json()}
-    return {
-        "schema": SCHEMA,
-        "module": what.module,
-        "target": {
-            "name": target.name,
-            "gpu": target.gpu,
-            "devices_per_host": target.devices_per_host,
-            "perf_table_key": target.perf_table_key,
-            "perf_table": table,
-        },
-        "async_pairs": len(what.pairs),
-        "runs_on": places,
-        "baseline": {"streams": base.streams, "policy": base.policy},
-        "step_ms": base.step_time * 1e3,
-        "compute_only_ms": base.compute_time * 1e3,
-        "exposed_communication_ms": base.exposed_communication * 1e3,
-        "serial_ms": what.serial * 1e3,
-        "results": results,
-        "bounds": {
-            "rule": {"label": what.rule_bound.label, **_times(what.rule_bound, base)},
-            "lower": {"label": what.lower_bound.label, **_times(what.lower_bound, base)},
-        },
-        "xla_multi_streaming": (
-            None
-            if xla is None
-            else {"streams": MULTI_STREAMING_COMMUNICATION_STREAMS, **_times(xla, base)}
-        ),
-        "range": span,
-        "profile": profile,
-        "notes": list(what.notes) + what.non_monotone(),
-    }
-
-
-def _times(r: SimResult, base: SimResult) -> dict[str, float | None]:
-    return {
-        "step_ms": r.step_time * 1e3,
-        "exposed_communication_ms": r.exposed_communication * 1e3,
-        "speedup": base.step_time / r.step_time if r.step_time > 0 else None,
-    }
-
-
-def to_json_text(obj: dict[str, Any]) -> str:
-    """``obj`` as the file ``--json`` writes: indented, ASCII, no NaN."""
-    return json.dumps(obj, indent=2, ensure_ascii=True, allow_nan=False) + "\n"
-
-
-def json_problems(obj: Any) -> list[str]:
-    """What keeps ``obj`` from being a valid ``xla_streams.simulate.v1`` prediction
-    (empty when it is one): the required fields, their types, and that the range is
-    ordered low <= expected <= high. Extra fields are allowed."""
-    problems: list[str] = []
-    number = (int, float)
-
-    def need(where: str, parent: Any, key: str, types: tuple[type, ...]) -> Any:
-        if not isinstance(parent, dict) or key not in parent:
-            problems.append(f"{where}: missing '{key}'")
-            return None
-        value = parent[key]
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            problems.append(f"{where}.{key}: unexpected {json.dumps(value)[:40]}")
-            return None
-        return value
-
-    if not isinstance(obj, dict):
-        return ["prediction: expected an object"]
-    if obj.get("schema") != SCHEMA:
-        problems.append(f"prediction.schema: expected '{SCHEMA}', found {obj.get('schema')!r}")
-    need("prediction", obj, "module", (str,))
-    need("prediction", obj, "target", (dict,))
-    need("prediction", obj, "async_pairs", (int,))
-    for key in ("step_ms", "compute_only_ms", "exposed_communication_ms", "serial_ms"):
-        value = need("prediction", obj, key, number)
-        if value is not None and value < 0:
-            problems.append(f"prediction.{key}: negative")
-    for i, r in enumerate(need("prediction", obj, "results", (list,)) or []):
-        where = f"results[{i}]"
-        need(where, r, "streams", (int,))
-        need(where, r, "policy", (str,))
-        need(where, r, "step_ms", number)
-        need(where, r, "exposed_communication_ms", number)
-        need(where, r, "stream_busy_ms", (list,))
-    bounds = need("prediction", obj, "bounds", (dict,))
-    for name in ("rule", "lower"):
-        bound = need("bounds", bounds, name, (dict,)) if bounds is not None else None
-        if bound is not None:
-            need(f"bounds.{name}", bound, "step_ms", number)
-    for key in ("xla_multi_streaming", "range", "profile"):
-        if key not in obj:
-            problems.append(f"prediction: missing '{key}' (null when not predicted)")
-    span = obj.get("range")
-    if span is not None:
-        for key in ("step_ms", "exposed_communication_ms"):
-            ends = need("range", span, key, (dict,))
-            if ends is None:
-                continue
-            values = [
-                need(f"range.{key}", ends, end, number) for end in ("low", "expected", "high")
-            ]
-            if None not in values and not values[0] <= values[1] <= values[2]:
-                problems.append(f"range.{key}: expected low <= expected <= high, found {values}")
-    profile = obj.get("profile")
-    if profile is not None:
-        fraction = need("profile", profile, "measured_fraction", number)
-        if fraction is not None and not 0 <= fraction <= 1:
-            problems.append("profile.measured_fraction: outside 0..1")
-    return problems
-
-
 def progress_printer(err: TextIO) -> Progress:
     """Progress lines with the elapsed time, for long runs."""
     begin = time.perf_counter()
@@ -609,7 +447,7 @@ def run_cli(args: CliArgs) -> int:
     args.output(trace, result.trace or "")
     args.output(page, result.html or "")
     if report:
-        args.output(report, to_json_text(result.to_json()))
+        args.output(report, result.prediction().to_json())
     if args.uses_stdout("trace", "html", "json"):
         args.messages.append(result.table)
     else:
@@ -662,7 +500,7 @@ def simulate_command(
             module, chosen, ks, ps, model=model, pictures_for=_trace_href(trace, html),
             progress=say, profile=loaded,
         )  # fmt: skip
-        report = to_json_text(result.to_json()) if json_path else None
+        report = result.prediction().to_json() if json_path else None
         atomic_write_many(
             [
                 (d, c)

@@ -16,7 +16,6 @@ import itertools
 import re
 
 from xla_streams.hlo.errors import HloError
-from xla_streams.hlo.module import MAX_DEVICES, Instruction
 from xla_streams.hlo.text import (
     WHITESPACE,
     ScanError,
@@ -30,9 +29,25 @@ from xla_streams.hlo.text import (
 TYPE_CHECKING = False  # not typing's, nor json at import: the command line's start-up counts
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
-    from typing import Any
+    from typing import Any, Protocol
+
+    class _Attributed(Protocol):
+        """What decoding needs of an instruction (``module.Instruction`` is one); named
+        structurally so that this module, which ``module.py`` imports, imports nothing back."""
+
+        @property
+        def opcode(self) -> str: ...
+        def attribute(self, key: str) -> str | None: ...
+        def error_at_attribute(self, key: str, offset: int, message: str) -> HloError: ...
+
 
 Groups = tuple[tuple[int, ...], ...]
+# The most devices one module may address: replica_count x num_partitions, and
+# the size of any iota or mesh device list. Passes expand these counts into
+# device lists, so without a bound a 40-byte header (`replica_count=99999999999`)
+# costs unbounded time and memory. 65536 is above any single XLA program today
+# (the largest jobs run tens of thousands of GPUs); raise it here if one needs more.
+MAX_DEVICES = 65536
 
 # Whitespace may sit between any two tokens (XLA's lexer skips it); every
 # pattern below is unambiguous, so a failed match costs one pass over the text.
@@ -60,7 +75,7 @@ CONTROL_FLOW_CALLEES: dict[str, tuple[str, ...]] = {
 }
 
 
-def decode[T](inst: Instruction, key: str, parser: Callable[[str], T]) -> T | None:
+def decode[T](inst: _Attributed, key: str, parser: Callable[[str], T]) -> T | None:
     """``parser`` applied to attribute ``key`` of ``inst`` (None when absent)."""
     value = inst.attribute(key)
     if value is None:
@@ -98,7 +113,7 @@ def parse_computation_names(value: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def control_flow_callees(inst: Instruction) -> list[tuple[str, str]]:
+def control_flow_callees(inst: _Attributed) -> list[tuple[str, str]]:
     """(attribute, computation) for each computation ``inst`` runs as control flow
     (:data:`CONTROL_FLOW_CALLEES`), in the order it runs them."""
     return [

@@ -18,6 +18,13 @@ from __future__ import annotations
 
 import re
 
+from xla_streams.hlo.attributes import (
+    MAX_DEVICES,
+    decode,
+    format_frontend_attributes,
+    parse_computation_names,
+    parse_frontend_attributes,
+)
 from xla_streams.hlo.errors import HloError
 from xla_streams.hlo.shape import Shape, parse_shape
 from xla_streams.hlo.text import (
@@ -34,13 +41,6 @@ TYPE_CHECKING = False  # not typing's: the front end imports nothing it need not
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import NoReturn
-
-# The most devices one module may address: replica_count x num_partitions, and
-# the size of any iota or mesh device list. Passes expand these counts into
-# device lists, so without a bound a 40-byte header (`replica_count=99999999999`)
-# costs unbounded time and memory. 65536 is above any single XLA program today
-# (the largest jobs run tens of thousands of GPUs); raise it here if one needs more.
-MAX_DEVICES = 65536
 
 # A name as XLA's lexer reads one (hlo_lexer.cc): a letter or `_`, then letters,
 # digits, `_`, `.` and `-`. So no `/` (a `// x = ...` comment is no instruction), no
@@ -251,12 +251,6 @@ class Instruction:
     def set_frontend_attribute(self, key: str, value: str) -> None:
         """Set ``key="value"`` among the frontend attributes (other keys stay). The module
         records the edit (``Module.frontend_attribute_edits``): all XLA needs to take it."""
-        from xla_streams.hlo.attributes import (
-            decode,
-            format_frontend_attributes,
-            parse_frontend_attributes,
-        )
-
         attributes = decode(self, "frontend_attributes", parse_frontend_attributes) or {}
         if attributes.get(key) == value:
             return
@@ -874,8 +868,6 @@ def _check_attributes_exactly(
     inst: Instruction, defined: set[str], closed: set[str], forward: list[_ForwardControl]
 ) -> None:
     """_check_attribute_references with the attributes read exactly."""
-    from xla_streams.hlo.attributes import decode, parse_computation_names
-
     line = inst.source
     for key, value in inst.attributes.items():
         if key == "control-predecessors":

@@ -32,13 +32,15 @@ import shlex
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
-from xla_streams import _log, jax_compat, xla_options
+from xla_streams import __version__, _log, jax_compat, runtime, xla_options
 from xla_streams._log import logger
 from xla_streams.collectives import DEFAULT_STREAMS, StreamModel
 from xla_streams.plugin import hook
 from xla_streams.plugin.settings import Config, ConfigError, ignored_env
+from xla_streams.runtime.abi import ABI_VERSION
 
 HOOK_NAME = "xla_streams"
 
@@ -57,24 +59,34 @@ class StartupError(SystemExit):
 
 # -- state -------------------------------------------------------------------------------
 
+
+@dataclass
+class _State:
+    """Everything the plugin changes in this process. A change that spans fields is
+    made under ``_lock``: JAX's compile hook and cache key read it from other threads."""
+
+    config: Config | None = None  # the active settings; None while the plugin is off
+    source: str = ""  # where ``config`` came from, for the log: "enable()", ...
+    # Where XLA runs collectives in this process: the overlap limit in effect.
+    model: StreamModel = field(default_factory=lambda: StreamModel(sync_on_compute=True))
+    cache_key: str = ""  # the settings' part of JAX's persistent cache key (_cache_key_of)
+    generation: int = 0  # bumped by disable(): stale registrations turn into no-ops
+    registered_generation: int | None = None  # whose compile hook is registered; None: none
+    startup_error: ConfigError | None = None  # raised when JAX starts its first backend
+    fail_fast_installed: bool = False  # the check that raises it is installed (once)
+    xla_flags_before: str | None = None  # XLA_FLAGS as it was before we added to it
+    xla_flags_added: tuple[str, ...] = ()  # the flags we added, removed by disable()
+    late_warning_given: bool = False  # XLA_FLAGS read before we could add to it: said once
+    untuned_note_given: bool = False  # the overlap limit raised without a tune result: said once
+
+
 _lock = threading.RLock()
-_config: Config | None = None
-_model = StreamModel(sync_on_compute=True)  # where XLA runs collectives in this process
-_source = ""
-_generation = 0  # bumped by disable(): stale registrations turn into no-ops
-_registered_generation: int | None = None
-_startup_error: ConfigError | None = None
-_fail_fast_installed = False
-_xla_flags_before: str | None = None  # XLA_FLAGS as it was before we added to it
-_xla_flags_added: tuple[str, ...] = ()
-_late_warning_given = False  # XLA_FLAGS read before we could add to it: said once
-_untuned_note_given = False  # the overlap limit raised without a tune result: said once
-_cache_key = ""  # the settings' part of JAX's persistent cache key (see _cache_key_of)
+_state = _State()
 
 
 def current() -> Config | None:
     """The active settings, or None when the plugin is off."""
-    return _config
+    return _state.config
 
 
 # -- turning it on and off -----------------------------------------------------------
@@ -106,18 +118,18 @@ def _initialize() -> None:
     config = Config.from_env()
     if config is None:
         ignored = ignored_env()
-        if ignored and _config is None:
+        if ignored and _state.config is None:
             logger.warning(
                 "%s set but the plugin is off; set XLA_STREAMS_COLLECTIVE_STREAMS=K to turn it on",
                 ", ".join(ignored),
             )
         return
-    if _config is not None:
-        if _config != config:
+    if _state.config is not None:
+        if _state.config != config:
             logger.warning(
                 "keeping the settings from %s (%s); ignoring the environment's (%s)",
-                _source,
-                _config.describe(),
+                _state.source,
+                _state.config.describe(),
                 config.describe(),
             )
         return
@@ -173,13 +185,12 @@ def enable_config(config: Config, source: str) -> Config:
 
 def disable() -> None:
     """Turn the plugin off and remove the compile hook; the next compiles are untouched."""
-    global _config, _generation, _registered_generation, _source
     with _lock:
-        _config = None
-        _source = ""
-        _generation += 1
-        registered = _registered_generation is not None
-        _registered_generation = None
+        _state.config = None
+        _state.source = ""
+        _state.generation += 1
+        registered = _state.registered_generation is not None
+        _state.registered_generation = None
         _restore_xla_flags()
     jax_compat.remove_cache_key_component(HOOK_NAME)
     if registered:
@@ -194,7 +205,7 @@ def collective_streams(streams: int | None = DEFAULT_STREAMS, **options: Any) ->
     settings) comes back on exit.
     """
     with _lock:
-        previous, previous_source = _config, _source
+        previous, previous_source = _state.config, _state.source
     config = enable(streams, **options)
     try:
         yield config
@@ -206,7 +217,6 @@ def collective_streams(streams: int | None = DEFAULT_STREAMS, **options: Any) ->
 
 
 def _activate(config: Config, source: str) -> Config:
-    global _config, _source, _startup_error, _cache_key
     if config.report_dir is not None:
         try:
             os.makedirs(config.report_dir, exist_ok=True)
@@ -220,11 +230,11 @@ def _activate(config: Config, source: str) -> Config:
         _load_ffi_runtime(config, source)
     with _lock:
         inherited = _inherited_xla_flags()
-        _config = config
-        _source = source
-        _startup_error = None
+        _state.config = config
+        _state.source = source
+        _state.startup_error = None
         added = _apply_xla_options(config)
-        _cache_key = _cache_key_of(config, _model)
+        _state.cache_key = _cache_key_of(config, _state.model)
     _ensure_registered()
     # What this process compiles with these settings is not what it compiles with
     # others (or off): each gets its own entries in JAX's persistent cache.
@@ -238,8 +248,6 @@ def _load_ffi_runtime(config: Config, source: str) -> None:
     not at the first compile, so that an executable JAX loads from its persistent
     cache, which no compile hook sees, finds them. The CUDA runtime registers at the
     first GPU compile (it reads the job's GPUs, which needs a started backend)."""
-    from xla_streams import runtime
-
     try:
         runtime.register("host")
         runtime.set_timeout(config.timeout_s)
@@ -254,7 +262,7 @@ def _inherited_xla_flags() -> str:
     current = os.environ.get("XLA_FLAGS", "")
     try:
         xla_options.options_in(current)  # reads it the way every later step does
-        return xla_options.without(current, _xla_flags_added).strip()
+        return xla_options.without(current, _state.xla_flags_added).strip()
     except ValueError as e:
         raise ConfigError("XLA_FLAGS", f"XLA_FLAGS={current!r} cannot be read: {e}") from None
 
@@ -262,7 +270,6 @@ def _inherited_xla_flags() -> str:
 def _say_started(config: Config, source: str, added: list[str], inherited: str) -> None:
     """The start-up line: the settings, what went into XLA_FLAGS and what was there
     (in full), then what to know about them."""
-    global _untuned_note_given
     message = f"on ({config.describe()}), from {source}"
     if added:
         message += f"; added to XLA_FLAGS: {' '.join(added)}"
@@ -274,9 +281,9 @@ def _say_started(config: Config, source: str, added: list[str], inherited: str) 
         raised
         and config.config is None
         and config.collective_streams > xla_options.XLA_DEFAULT_OVERLAP_LIMIT
-        and not _untuned_note_given
+        and not _state.untuned_note_given
     ):
-        _untuned_note_given = True
+        _state.untuned_note_given = True
         logger.info(
             "the overlap limit is raised to %d (XLA's default: %d) with no prediction that "
             "it pays for this program: more collectives in flight also take more memory. "
@@ -305,13 +312,10 @@ def _cache_key_of(config: Config, model: StreamModel) -> str:
     process of a job: no report directory, no tune file path (its options are in),
     and not what only decides what is logged or whether an error is raised (log,
     strict, the timeout: the runtime's, not the executable's)."""
-    import xla_streams
-    from xla_streams.runtime.abi import ABI_VERSION
-
     pipeline = ",".join(p.spec() for p in config.pipeline.build()) if config.pipeline else ""
     options = ",".join(f"{name}={value!r}" for name, value in sorted(config.xla_options.items()))
     parts = [
-        f"version={xla_streams.__version__}",
+        f"version={__version__}",
         f"streams={config.collective_streams}",
         f"policy={config.policy}",
         f"mode={config.mode}",
@@ -327,21 +331,20 @@ def _cache_key_of(config: Config, model: StreamModel) -> str:
 def _cache_key_component() -> str:
     """The plugin's part of JAX's persistent cache key: empty while it is off (then
     keys are JAX's own)."""
-    return _cache_key if _config is not None else ""
+    return _state.cache_key if _state.config is not None else ""
 
 
 def _fail_at_backend_start(error: ConfigError) -> None:
     """Stop the program with ``error`` when JAX starts its first backend (it prints
     the message then, once)."""
-    global _startup_error, _fail_fast_installed
     with _lock:
-        _startup_error = error
-        if _fail_fast_installed:
+        _state.startup_error = error
+        if _state.fail_fast_installed:
             return
-        _fail_fast_installed = True
+        _state.fail_fast_installed = True
 
     def check() -> None:
-        error = _startup_error
+        error = _state.startup_error
         if error is not None:
             raise StartupError(str(error))
 
@@ -357,14 +360,13 @@ def _fail_at_backend_start(error: ConfigError) -> None:
 def _apply_xla_options(config: Config) -> list[str]:
     """Add what ``config`` needs to XLA_FLAGS while XLA has not read it yet; sets the
     stream model from the overlap limit that will be in effect."""
-    global _xla_flags_before, _xla_flags_added, _model, _late_warning_given
     # A tune result's options win over native mode's defaults (its overlap limit is
     # what its prediction was made with).
     native = xla_options.native_mode(config.collective_streams) if config.mode == "native" else {}
     wanted = {**native, **config.xla_options}
     current_flags = os.environ.get("XLA_FLAGS", "")
     # Ours from an earlier enable() are replaced, not kept as the user's.
-    base = xla_options.without(current_flags, _xla_flags_added)
+    base = xla_options.without(current_flags, _state.xla_flags_added)
     new, added, users = xla_options.with_options(base, wanted)
     # The user's collective performance table: XLA's own scheduler prices collectives
     # from the same measurements as the reports. A path is not the one word
@@ -392,13 +394,13 @@ def _apply_xla_options(config: Config) -> list[str]:
         limit = xla_options.overlap_limit_of(wanted.get(xla_options.OVERLAP_LIMIT))
     else:
         limit = None
-    _model = StreamModel(
+    _state.model = StreamModel(
         overlap_limit=xla_options.XLA_DEFAULT_OVERLAP_LIMIT if limit is None else limit,
         sync_on_compute=True,
     )
     if started:
-        if added and not _late_warning_given:
-            _late_warning_given = True
+        if added and not _state.late_warning_given:
+            _state.late_warning_given = True
             logger.warning(
                 "JAX has started already and XLA has read XLA_FLAGS, so %s cannot take effect "
                 "in this process; set XLA_STREAMS_COLLECTIVE_STREAMS (or call "
@@ -406,24 +408,23 @@ def _apply_xla_options(config: Config) -> list[str]:
                 " ".join(added),
             )
         return []
-    if _xla_flags_before is None:
-        _xla_flags_before = current_flags
+    if _state.xla_flags_before is None:
+        _state.xla_flags_before = current_flags
     if new != current_flags:
         os.environ["XLA_FLAGS"] = new
-    _xla_flags_added = tuple(added)
+    _state.xla_flags_added = tuple(added)
     return added
 
 
 def _restore_xla_flags() -> None:
-    global _xla_flags_before, _xla_flags_added
-    if _xla_flags_before is not None and not jax_compat.backends_started():
-        restored = xla_options.without(os.environ.get("XLA_FLAGS", ""), _xla_flags_added)
+    if _state.xla_flags_before is not None and not jax_compat.backends_started():
+        restored = xla_options.without(os.environ.get("XLA_FLAGS", ""), _state.xla_flags_added)
         if restored:
             os.environ["XLA_FLAGS"] = restored
         else:
             os.environ.pop("XLA_FLAGS", None)
-    _xla_flags_before = None
-    _xla_flags_added = ()
+    _state.xla_flags_before = None
+    _state.xla_flags_added = ()
 
 
 # -- the hook ------------------------------------------------------------------------
@@ -432,26 +433,25 @@ def _restore_xla_flags() -> None:
 def run_hook(serialized: bytes, *, on_cpu: bool = False) -> bytes | None:
     """What the registered hook does with a module XLA compiles (for tools and tests
     that hold a module outside a compile): None when the plugin is off."""
-    config = _config
+    config = _state.config
     if config is None:
         return None
-    return hook.transform(serialized, on_cpu=on_cpu, config=config, model=_model)
+    return hook.transform(serialized, on_cpu=on_cpu, config=config, model=_state.model)
 
 
 def _ensure_registered() -> None:
     """Register the compile hook once (per generation)."""
-    global _registered_generation
     with _lock:
-        if _registered_generation == _generation:
+        if _state.registered_generation == _state.generation:
             return
-        generation = _generation
-        _registered_generation = generation
+        generation = _state.generation
+        _state.registered_generation = generation
     # One hook for XLA:CPU and one for the GPU platforms: ffi mode lowers each
     # to its own runtime.
     for on_cpu in (True, False):
 
         def callback(serialized: bytes, on_cpu: bool = on_cpu) -> bytes | None:
-            if generation != _generation:
+            if generation != _state.generation:
                 return None  # left over from before a disable()
             return run_hook(serialized, on_cpu=on_cpu)
 

@@ -11,10 +11,12 @@ does, with a message naming the flag and the accepted values.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from absl import flags
 
+from xla_streams import plugin
 from xla_streams.plugin.settings import FLAG_PREFIX, SETTINGS, Config, ConfigError, spelled
 
 FLAG_NAMES = tuple(FLAG_PREFIX + s.name for s in SETTINGS)
@@ -31,8 +33,6 @@ def config_from_flags(
     values: dict[str, Any], environ: dict[str, str] | None = None
 ) -> Config | None:
     """The settings of the given flag values over the ``XLA_STREAMS_*`` environment."""
-    import os
-
     environ = dict(os.environ) if environ is None else environ
     env_values = {s.name: environ.get(spelled(s.name, "env"), "").strip() or None for s in SETTINGS}
     flag_values = {s.name: values.get(FLAG_PREFIX + s.name) for s in SETTINGS}
@@ -52,8 +52,6 @@ def _apply(values: dict[str, Any]) -> bool:
             f"{names} given without --{FLAG_PREFIX}collective_streams: "
             "say how many collective streams to use"
         )
-    from xla_streams import plugin
-
     try:
         plugin.enable_config(config, "absl flags")
     except ConfigError as e:

@@ -28,10 +28,17 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from xla_streams import jax_compat
+from xla_streams import runtime as ffi_runtime
 from xla_streams._log import logger
-from xla_streams.collectives import COLLECTIVE_OPCODES, KINDS, StreamModel, device_groups
+from xla_streams.collectives import (
+    COLLECTIVE_OPCODES,
+    KINDS,
+    STREAM_COUNTS,
+    StreamModel,
+    device_groups,
+)
 from xla_streams.hlo import Module, parse_module
-from xla_streams.passes.base import Compilation, ModulePass
+from xla_streams.passes.base import Compilation, Fact, ModulePass
 from xla_streams.pipeline import PassManager, Runtime, build_pipeline
 from xla_streams.plugin import xla_module
 
@@ -51,7 +58,6 @@ class Stats:
 
     calls: int = 0
     changed: int = 0
-    unchanged: int = 0
     failed: int = 0
     reports: list[str] = field(default_factory=list)
     seconds: float = 0.0  # time spent in the hook
@@ -123,8 +129,6 @@ def transform(
                 crossing = _cross_process_collective(module, assignment)
                 if crossing is not None:
                     _refuse_cross_process(name, crossing)
-                    with _lock:
-                        _stats.unchanged += 1
                     return None
             compilation = PassManager(passes).run(Compilation(module))
             out = back_to_xla(serialized, compilation)
@@ -150,10 +154,8 @@ def transform(
     finally:
         with _lock:
             _stats.seconds += time.perf_counter() - begin
-    with _lock:
-        if out is None:
-            _stats.unchanged += 1
-        else:
+    if out is not None:
+        with _lock:
             _stats.changed += 1
     return out
 
@@ -212,8 +214,6 @@ def pipeline_for(
     runtime: Runtime = "xla"
     if config.mode == "ffi":
         runtime = "host" if on_cpu else "cuda"
-        from xla_streams import runtime as ffi_runtime
-
         # Before XLA emits the custom calls, their targets must be registered.
         ffi_runtime.register(runtime)
         ffi_runtime.set_timeout(config.timeout_s)
@@ -285,13 +285,14 @@ def _write_visual_report(compilation: Compilation, config: Config, stem: str) ->
     from xla_streams.simulate.measured import PerfTableError
     from xla_streams.simulate.visual import write_visual_report
 
-    assert config.report_dir is not None
+    assert config.report_dir is not None and compilation.assignment is not None
+    pairs = compilation.pairs if Fact.ASYNC_PAIRS in compilation.facts else None
+    drawn = (compilation.module, pairs, config.report_dir, stem)
+    streams = (*STREAM_COUNTS, compilation.assignment.streams)  # and the module's own K
     if config.perf_table is not None:
         try:
-            written = write_visual_report(
-                compilation, config.report_dir, stem, perf_table=config.perf_table
-            )
+            written = write_visual_report(*drawn, streams=streams, perf_table=config.perf_table)
             return tuple(map(str, written))
         except PerfTableError as e:
             _say_once(f"the HTML reports price collectives from XLA's own table instead: {e}")
-    return tuple(map(str, write_visual_report(compilation, config.report_dir, stem)))
+    return tuple(map(str, write_visual_report(*drawn, streams=streams)))

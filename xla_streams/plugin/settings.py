@@ -302,7 +302,7 @@ _UNSAFE_IN_XLA_FLAGS = frozenset(" \t\n\r\v\f'\"\\")
 
 def _parse_perf_table(value: Any, name: str) -> str:
     """An existing file that parses as XLA's collective performance table (text or
-    binary), as an absolute path that XLA_FLAGS can carry."""
+    binary) and that XLA can read, as an absolute path that XLA_FLAGS can carry."""
     path = _parse_path("perf_table", "file")(value, name)
     if any(c in _UNSAFE_IN_XLA_FLAGS for c in path):
         raise ConfigError(
@@ -312,55 +312,14 @@ def _parse_perf_table(value: Any, name: str) -> str:
         )
     # Not at module level: this module must not import the simulator (and the passes)
     # unless this setting is given.
-    from xla_streams.simulate.measured import PerfTableError, load_perf_table
+    from xla_streams.simulate.measured import PerfTableError, check_xla_can_read, load_perf_table
 
     try:
         load_perf_table(path)
-        _check_xla_reads(path)
+        check_xla_can_read(path)
     except PerfTableError as e:
         raise ConfigError("perf_table", f"{_shown(name, value)} is not valid: {e}") from None
     return path
-
-
-def _check_xla_reads(path: str) -> None:
-    """PerfTableError where a table the simulator reads would abort XLA: a collective
-    whose devices are written as ``replica_groups`` (the deprecated field) rather than
-    ``iota_collective_device_list``. jax 0.12's XLA fails a check
-    (``array.h: new_num_elements == num_elements()``) at the first GPU compile that
-    reads such a table (seen deviceless, 8 H100s); collective_perf_table_gen writes
-    the iota form."""
-    from xla_streams.simulate.measured import (
-        PERF_TABLE_ENUMS,
-        PERF_TABLE_ROOT,
-        PERF_TABLE_SCHEMA,
-        PerfTableError,
-    )
-    from xla_streams.simulate.textproto import Message, ProtoError, decode_wire, parse_text
-
-    with open(path, "rb") as f:
-        data = f.read()
-    root: Message | None = None
-    if not path.endswith(".pb"):
-        try:
-            root = parse_text(data.decode("utf-8"), path)
-        except (UnicodeDecodeError, ProtoError):
-            root = None  # binary, as load_perf_table found
-    if root is None:
-        root = decode_wire(data, PERF_TABLE_SCHEMA, PERF_TABLE_ROOT, PERF_TABLE_ENUMS, path)
-    for device in root.messages("entries"):
-        profiles = device.message("value")
-        for profile in profiles.messages("entries") if profiles is not None else ():
-            inst = profile.message("instruction")
-            if inst is not None and inst.has("replica_groups"):
-                raise PerfTableError(
-                    f"{device.string('key')}: the {inst.string('opcode')}'s devices are written "
-                    "as replica_groups, which XLA aborts on when it reads the table; write "
-                    "iota_collective_device_list { num_replica_groups: G "
-                    "num_devices_per_group: N iota_reshape_dims: ... iota_transpose_perm: ... }, "
-                    "as collective_perf_table_gen does",
-                    path=path,
-                    line=inst.line_of("replica_groups"),
-                )
 
 
 def _check_perf_table(value: Any, name: str) -> None:

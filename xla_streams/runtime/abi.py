@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import ClassVar, Literal
 
-from xla_streams.collectives import KINDS as COLLECTIVE_KINDS
+from xla_streams.collectives import KINDS
 
 # -- targets and where they run ---------------------------------------------------------
 
@@ -78,7 +78,7 @@ ABI_VERSION = 1  # what the libraries' xs_abi_version() returns
 # -- attribute values -----------------------------------------------------------------
 
 # The kinds the runtime runs (``kind``), and the reductions it knows (``reduction``).
-KINDS: tuple[str, ...] = tuple(k.name for k in COLLECTIVE_KINDS.values() if k.ffi)
+FFI_KINDS: tuple[str, ...] = tuple(k.name for k in KINDS.values() if k.ffi)
 REDUCTIONS: tuple[str, ...] = ("add", "multiply", "min", "max", "and", "or")
 # The element types each backend runs (every operand and result of one call has one).
 ELEMENT_TYPES: dict[Backend, tuple[str, ...]] = {
@@ -101,7 +101,7 @@ class CollectiveCall:
 
     op_id: int  # unique per start in the module; a done has its start's
     name: str  # the start's instruction name (for messages and the trace)
-    kind: str  # one of KINDS
+    kind: str  # one of FFI_KINDS
     stream: int  # the collective stream, 0..K-1 (the runtime takes 0..63)
     reduction: str = ""  # one of REDUCTIONS for all-reduce and reduce-scatter, else ""
     # Device groups, flattened, as logical ids (replica * num_partitions + partition);
@@ -273,8 +273,8 @@ __all__ = [
     "DONE_ATTRIBUTES",
     "DONE_TARGET",
     "ELEMENT_TYPES",
+    "FFI_KINDS",
     "HANDLERS",
-    "KINDS",
     "MAX_TIMEOUT_S",
     "MIN_TIMEOUT_S",
     "PLATFORMS",

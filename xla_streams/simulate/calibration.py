@@ -4,7 +4,7 @@ The cost model's constants come from datasheets and NCCL's tuner (``targets.py``
 a calibration file says, per target, how far off its predictions were on a real
 GPU, as ``measured time / predicted time`` per kernel class. The simulator then
 multiplies each prediction by its class's ratio. Schema
-``xla_streams.calibration.v1``::
+``xla_streams.calibration.v1`` (docs/formats.md)::
 
     {
       "schema": "xla_streams.calibration.v1",
@@ -44,13 +44,13 @@ costs (``profile.py``: ``Simulator(module, target, measured=load_profile(path)
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xla_streams import _json
 from xla_streams.collectives import KINDS
 from xla_streams.hlo import Module
 from xla_streams.simulate.simulator import Simulator
@@ -91,6 +91,7 @@ class Calibration:
         )
 
     def to_json(self) -> str:
+        """The file: per target the compute classes, then the collective kinds."""
         targets: dict[str, dict[str, Any]] = {}
         for name, ratios in sorted(self.ratios.items()):
             entry: dict[str, Any] = {c: ratios[c] for c in COMPUTE_CLASSES if c in ratios}
@@ -99,62 +100,58 @@ class Calibration:
                 entry["collective"] = collective
             targets[name] = entry
         data = {"schema": SCHEMA, "provenance": dict(self.provenance), "targets": targets}
-        return json.dumps(data, indent=2) + "\n"
+        return _json.dumps(data)
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "calibration") -> Calibration:
+        """The calibration in ``text`` (read from ``where``); CalibrationError naming the
+        field for a document that is not one: a wrong type, an unknown key, class or
+        collective kind, a ratio that is not a positive number, no target at all."""
+        return _read(_json.loads(text, where, CalibrationError, what="calibration file"))
 
 
 def load_calibration(path: str | Path) -> Calibration:
-    """Read and check a calibration file (CalibrationError saying what is wrong)."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CalibrationError(f"cannot read calibration file {path}: {e}") from None
-    return parse_calibration(data, str(path))
+    """Read and check a calibration file (CalibrationError saying what is wrong, where)."""
+    return _read(_json.load(path, CalibrationError, what="calibration file"))
 
 
-def parse_calibration(data: Any, origin: str = "calibration") -> Calibration:
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise CalibrationError(f'{origin}: expected a JSON object with "schema": "{SCHEMA}"')
-    unknown = set(data) - {"schema", "provenance", "targets"}
-    if unknown:
-        raise CalibrationError(f"{origin}: unknown key(s) {', '.join(sorted(unknown))}")
-    provenance = data.get("provenance", {})
-    if not isinstance(provenance, dict) or not all(isinstance(v, str) for v in provenance.values()):
-        raise CalibrationError(f"{origin}: provenance must map names to strings")
-    targets = data.get("targets")
-    if not isinstance(targets, dict) or not targets:
-        raise CalibrationError(f"{origin}: targets must map target names to ratios")
+def _read(doc: _json.Value) -> Calibration:
+    doc.schema(SCHEMA)
+    doc.only("schema", "provenance", "targets")
+    given = doc.get("provenance")
+    provenance = {} if given is None else {k: v.string() for k, v in given.fields().items()}
+    targets = doc["targets"].fields()
+    if not targets:
+        doc["targets"].fail("expected the ratios of at least one target, got none")
     ratios: dict[str, dict[str, float]] = {}
     for name, entry in targets.items():
-        where = f"{origin}: target '{name}'"
-        if not isinstance(entry, dict):
-            raise CalibrationError(f"{where}: expected an object of ratios")
         flat: dict[str, float] = {}
-        for key, value in entry.items():
+        for key, value in entry.fields().items():
             if key == "collective":
-                if not isinstance(value, dict):
-                    raise CalibrationError(f"{where}: collective must map kinds to ratios")
-                for kind, ratio in value.items():
+                for kind, ratio in value.fields().items():
                     if kind not in COLLECTIVE_KINDS:
-                        raise CalibrationError(
-                            f"{where}: unknown collective kind '{kind}'; kinds: "
+                        ratio.fail(
+                            f"unknown collective kind '{kind}'; kinds: "
                             + ", ".join(COLLECTIVE_KINDS)
                         )
-                    flat[kind] = _ratio(ratio, f"{where}, {kind}")
+                    flat[kind] = _ratio(ratio)
             elif key in COMPUTE_CLASSES:
-                flat[key] = _ratio(value, f"{where}, {key}")
+                flat[key] = _ratio(value)
             else:
-                raise CalibrationError(
-                    f"{where}: unknown class '{key}'; classes: "
+                value.fail(
+                    f"unknown class '{key}'; classes: "
                     + ", ".join((*COMPUTE_CLASSES, "collective"))
                 )
-        ratios[str(name)] = flat
-    return Calibration(ratios, {str(k): v for k, v in provenance.items()})
+        ratios[name] = flat
+    return Calibration(ratios, provenance)
 
 
-def _ratio(value: Any, where: str) -> float:
+def _ratio(doc: _json.Value) -> float:
+    """measured / predicted: a positive number."""
+    value = doc.raw
     ok = isinstance(value, int | float) and not isinstance(value, bool)
     if not ok or not math.isfinite(value) or value <= 0:
-        raise CalibrationError(f"{where}: a ratio must be a positive number, not {value!r}")
+        doc.fail(f"a ratio must be a positive number, got {_json.describe(value)}")
     return float(value)
 
 

@@ -93,12 +93,13 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 
-from xla_streams.collectives import KINDS, AsyncPair
+from xla_streams.collectives import KINDS
 from xla_streams.hlo import Computation, Instruction, Module
 from xla_streams.hlo.attributes import decode, parse_backend_config, parse_int_list
 from xla_streams.hlo.shape import Shape
 from xla_streams.simulate.measured import MIN_BYTES
 from xla_streams.simulate.targets import Target
+from xla_streams.streams import AsyncPair
 
 # Instructions that launch no kernel.
 FREE_OPCODES = frozenset(

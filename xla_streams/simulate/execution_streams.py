@@ -35,14 +35,10 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from xla_streams.collectives import (
-    COLLECTIVE_OPCODES,
-    STREAM_ATTRIBUTE,
-    AsyncPair,
-    StreamAssignment,
-)
+from xla_streams.collectives import COLLECTIVE_OPCODES, STREAM_ATTRIBUTE
 from xla_streams.hlo import Computation, Instruction, Module
 from xla_streams.hlo.attributes import decode, parse_frontend_attributes
+from xla_streams.streams import AsyncPair, StreamAssignment
 
 COMPUTE_STREAMS = 4  # kDefaultNumComputeStreams
 MULTI_STREAMING_COMMUNICATION_STREAMS = 2  # kDefaultNumCommunicationStreams

@@ -14,8 +14,7 @@ import html
 import math
 from collections.abc import Sequence
 
-from xla_streams.collectives import KINDS
-from xla_streams.report import format_groups
+from xla_streams.collectives import KINDS, format_groups
 from xla_streams.simulate.simulator import SimResult, Slice, WhatIf, lane_name, runs_on
 from xla_streams.simulate.trace import lanes_of
 

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from xla_streams.collectives import KINDS
 from xla_streams.simulate.textproto import (
     Message,
     ProtoError,
@@ -60,7 +61,8 @@ from xla_streams.simulate.textproto import (
 DATA_DIR = Path(__file__).resolve().parent / "data"
 DEFAULT_TABLE_PATH = DATA_DIR / "collective_perf_table.txtpb"
 
-KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+# The kinds XLA's table holds measurements of.
+TABLE_KINDS = tuple(k.name for k in KINDS.values() if k.perf_table)
 # Kinds whose exact key includes the element type (XLA: RequiresAccumulation).
 _ACCUMULATING = frozenset({"all-reduce", "reduce-scatter"})
 
@@ -383,7 +385,7 @@ class CollectiveTable:
         opcodes rather than jax 0.12's ``async-start`` wrappers; XLA then skips the
         exact map for those two kinds.
         """
-        if kind not in KINDS or not groups:
+        if kind not in TABLE_KINDS or not groups:
             return None
         if kind == "collective-permute":
             pairs = tuple((g[0], g[1]) for g in groups if len(g) == 2)
@@ -451,11 +453,7 @@ def parse_perf_table(text: str, path: str = "<string>", *, lazy: bool = False) -
 
 def decode_perf_table(data: bytes, path: str = "<bytes>") -> PerfTable:
     """A table from its binary form (what jaxlib embeds, or a ``.pb`` file)."""
-    try:
-        root = decode_wire(data, PERF_TABLE_SCHEMA, PERF_TABLE_ROOT, PERF_TABLE_ENUMS, path)
-    except ProtoError as e:
-        raise PerfTableError(e.message, path=e.path, line=e.line) from None
-    return PerfTable(path, _measurements(root, path))
+    return PerfTable(path, _measurements(_decode(data, path), path))
 
 
 def load_perf_table(path: str | Path, *, lazy: bool = False) -> PerfTable:
@@ -463,15 +461,36 @@ def load_perf_table(path: str | Path, *, lazy: bool = False) -> PerfTable:
     ``--xla_gpu_experimental_collective_perf_table_path``. Errors say ``file:line``;
     unless ``lazy``, the whole table is read and checked now."""
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise PerfTableError(
-            f"cannot read the performance table: {e.strerror}", path=str(p)
-        ) from None
-    if p.suffix == ".pb" or not _looks_like_text(data):
+    data = _read(p)
+    if _is_binary(p, data):
         return decode_perf_table(data, str(p))
     return parse_perf_table(data.decode("utf-8"), str(p), lazy=lazy)
+
+
+def check_xla_can_read(path: str | Path) -> None:
+    """PerfTableError where a table :func:`load_perf_table` reads would abort XLA: a
+    collective whose devices are written as ``replica_groups`` (the deprecated field)
+    rather than ``iota_collective_device_list``. jax 0.12's XLA fails a check
+    (``array.h: new_num_elements == num_elements()``) at the first GPU compile that
+    reads such a table (seen deviceless, 8 H100s); collective_perf_table_gen writes
+    the iota form."""
+    p = Path(path)
+    data = _read(p)
+    root = _decode(data, str(p)) if _is_binary(p, data) else _parse(data.decode("utf-8"), str(p))
+    for device in root.messages("entries"):
+        profiles = device.message("value")
+        for profile in profiles.messages("entries") if profiles is not None else ():
+            inst = profile.message("instruction")
+            if inst is not None and inst.has("replica_groups"):
+                raise PerfTableError(
+                    f"{device.string('key')}: the {inst.string('opcode')}'s devices are written "
+                    "as replica_groups, which XLA aborts on when it reads the table; write "
+                    "iota_collective_device_list { num_replica_groups: G "
+                    "num_devices_per_group: N iota_reshape_dims: ... iota_transpose_perm: ... }, "
+                    "as collective_perf_table_gen does",
+                    path=str(p),
+                    line=inst.line_of("replica_groups"),
+                )
 
 
 @functools.cache
@@ -515,6 +534,27 @@ def _parse(text: str, path: str, first_line: int = 1) -> Message:
         raise PerfTableError(e.message, path=e.path, line=e.line) from None
 
 
+def _decode(data: bytes, path: str) -> Message:
+    try:
+        return decode_wire(data, PERF_TABLE_SCHEMA, PERF_TABLE_ROOT, PERF_TABLE_ENUMS, path)
+    except ProtoError as e:
+        raise PerfTableError(e.message, path=e.path, line=e.line) from None
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise PerfTableError(
+            f"cannot read the performance table: {e.strerror}", path=str(path)
+        ) from None
+
+
+def _is_binary(path: Path, data: bytes) -> bool:
+    """A ``.pb`` file, or one that does not start as text: XLA's binary form."""
+    return path.suffix == ".pb" or not _looks_like_text(data)
+
+
 def _looks_like_text(data: bytes) -> bool:
     try:
         head = data[:4096].decode("utf-8")
@@ -553,8 +593,8 @@ def _measurement(device: str, profile: Message, path: str) -> Measurement:
     if inst is None:
         raise fail("a measurement without 'instruction'", profile)
     kind = inst.string("opcode")
-    if kind not in KINDS:
-        raise fail(f"unsupported opcode '{kind}'; the table holds: {', '.join(KINDS)}", inst)
+    if kind not in TABLE_KINDS:
+        raise fail(f"unsupported opcode '{kind}'; the table holds: {', '.join(TABLE_KINDS)}", inst)
     shape = inst.message("shape")
     if shape is None:
         raise fail("an instruction without 'shape'", inst)

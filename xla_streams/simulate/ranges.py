@@ -29,10 +29,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xla_streams.collectives import StreamAssignment
-from xla_streams.passes.assign_streams import assign_streams
 from xla_streams.simulate.errors import MODEL_ERRORS, ErrorBound, ErrorScale
 from xla_streams.simulate.simulator import SimResult, Simulator
+from xla_streams.streams import StreamAssignment, assign_streams
 
 
 @dataclass(frozen=True)

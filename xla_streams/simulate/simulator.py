@@ -71,22 +71,24 @@ from xla_streams.collectives import (
     POLICIES,
     STREAM_COUNTS,
     SYNC_PAIR_STREAM,
-    AsyncPair,
     Policy,
-    StreamAssignment,
     StreamModel,
     device_groups,
-    tied_units,
 )
 from xla_streams.hlo import Computation, Instruction, Module
 from xla_streams.hlo.attributes import decode, parse_backend_config
-from xla_streams.passes.assign_streams import assign_streams
-from xla_streams.passes.find_async_pairs import find_async_pairs
 from xla_streams.simulate.cost import CollectiveCost, CostModel
 from xla_streams.simulate.errors import TABLE_SMOOTH_BYTES, ErrorScale
 from xla_streams.simulate.execution_streams import execution_streams
 from xla_streams.simulate.profile import MeasuredCosts
 from xla_streams.simulate.targets import Target
+from xla_streams.streams import (
+    AsyncPair,
+    StreamAssignment,
+    assign_streams,
+    find_async_pairs,
+    tied_units,
+)
 
 # Step tags of a compiled program. A compute step is (_COMPUTE, seconds, name, kind,
 # bytes, flops, seconds of it measured); _SIDE_START/_SIDE_DONE start and wait for an

@@ -19,13 +19,14 @@ from pathlib import Path
 
 from xla_streams._io import atomic_write_many
 from xla_streams.collectives import POLICIES, STREAM_COUNTS
-from xla_streams.passes.base import Compilation, Fact
+from xla_streams.hlo import Module
 from xla_streams.simulate.execution_streams import xla_stream_assignment
 from xla_streams.simulate.html import render_html
 from xla_streams.simulate.measured import PerfTable, load_perf_table
 from xla_streams.simulate.simulator import SimResult, Simulator, WhatIf, what_if
 from xla_streams.simulate.targets import Target, get_target, with_perf_table
 from xla_streams.simulate.trace import trace_json
+from xla_streams.streams import AsyncPair
 
 XLA_MULTI_STREAMING_LABEL = "XLA multi-streaming (2 streams in turn, in post-order)"
 
@@ -81,7 +82,8 @@ def pictures(
 
 
 def write_visual_report(
-    compilation: Compilation,
+    module: Module,
+    pairs: Sequence[AsyncPair] | None,
     directory: str | Path,
     stem: str,
     target: str | Target = "h100",
@@ -89,11 +91,11 @@ def write_visual_report(
     *,
     perf_table: str | os.PathLike[str] | PerfTable | None = None,
 ) -> tuple[Path, Path]:
-    """Write ``<stem>.trace.json`` and ``<stem>.html`` for a compilation into ``directory``.
+    """Write ``<stem>.trace.json`` and ``<stem>.html`` for ``module`` into ``directory``.
 
-    Uses the compilation's pairs when found (so the plugin's stream model) and
-    predicts ``streams`` plus the compilation's own K under every policy, and XLA's
-    own multi-streaming. ``perf_table``: a collective performance table in XLA's
+    Uses ``pairs`` when given (found with the plugin's stream model, say), else
+    finds them; predicts each of ``streams`` under every policy, and XLA's own
+    multi-streaming. ``perf_table``: a collective performance table in XLA's
     format (or its path; read once per path and modification time) to price
     collectives from instead of the vendored one. Returns the two paths.
     """
@@ -102,13 +104,8 @@ def write_visual_report(
         table = perf_table if isinstance(perf_table, PerfTable) else cached_perf_table(perf_table)
         chosen = with_perf_table(chosen, table)
     directory = Path(directory)
-    module = compilation.module
-    pairs = compilation.pairs if Fact.ASYNC_PAIRS in compilation.facts else None
     sim = Simulator(module, chosen, pairs)
-    ks = set(streams)
-    if compilation.assignment is not None:
-        ks.add(compilation.assignment.streams)
-    what = what_if(module, chosen, sorted(ks), POLICIES, simulator=sim)
+    what = what_if(module, chosen, sorted(set(streams)), POLICIES, simulator=sim)
     trace_path, html_path = directory / f"{stem}.trace.json", directory / f"{stem}.html"
     trace, page = pictures(sim, what, trace_href=trace_path.name, xla_multi_streaming=True)
     directory.mkdir(parents=True, exist_ok=True)

@@ -7,18 +7,25 @@ fastest, found without a GPU. From Python::
 ``build(devices)`` returns ``(jitted_fn, abstract_args)`` or a ``jax.stages.Lowered``;
 ``driver.tune_lowered`` takes a Lowered, ``driver.tune_stablehlo`` StableHLO text and
 ``driver.tune_path`` a ``JAX_DUMP_IR_TO`` folder or a saved ``lowered.as_text()``.
+Their keywords are the fields of one ``TuneOptions`` (``options=`` takes one whole).
 
 Each concept has one module, each importing only those above it in this list:
 
+- :mod:`~xla_streams.tuning.levers`: XLA's overlap levers (``Lever``: its names,
+  the words of its options, its settings; ``levers()``, ``LEVER_NAMES``), the
+  ``Facts`` of a module that say which can act (``module_facts``), ``canonical``
+  option sets, and the options in words (``describe``).
 - :mod:`~xla_streams.tuning.result`: what a search found and its file:
-  ``Configuration`` (with the predicted step's range), ``TuneResult``, the schema
-  ``xla_streams.tune.v1`` and its checker (``load_tune_result``: only the options
-  of ``xla_options.OPTIONS``, each typed and ranged), ``TuneError``, the options
-  and the command in words. Light: the plugin reads tune files through it.
-- :mod:`~xla_streams.tuning.levers`: XLA's overlap levers (``Lever``: its settings,
-  ``levers()``, ``LEVER_NAMES``), the ``Facts`` of a module that say which can act
-  (``module_facts``), ``canonical`` option sets.
-- :mod:`~xla_streams.tuning.cache`: the disk cache of compiled candidates.
+  ``Configuration`` (with the predicted step's range), ``TuneResult`` (schema
+  ``xla_streams.tune.v1``: ``to_json``, and ``from_json`` that admits only the
+  options of ``xla_options.OPTIONS``, each typed and ranged; ``load_tune_result``),
+  ``TuneError``, the table and the command. Light: the plugin reads tune files
+  through it.
+- :mod:`~xla_streams.tuning.options`: the tuner's options (``TuneOptions``: each
+  field's default, range and help, checked once), from which ``xla-streams tune``
+  makes its flags.
+- :mod:`~xla_streams.tuning.cache`: the disk cache of compiled candidates (schema
+  ``xla_streams.tune_cache.v1``).
 - :mod:`~xla_streams.tuning.compiling`: compiling a program's StableHLO deviceless,
   in this process or in worker processes (``--jobs``), behind the cache.
 - :mod:`~xla_streams.tuning.cluster`: the same on a Ray cluster (``--ray``).

@@ -14,13 +14,16 @@ SHA-256 of everything the compile depends on:
 - the candidate's options, every searched one spelled out.
 
 Files are ``<folder>/<key[:2]>/<key>.json.gz``, written atomically (a temporary file
-beside it, then a rename), so concurrent tuners share a folder safely. An entry that
-cannot be read is treated as missing. JAX-free.
+beside it, then a rename), so concurrent tuners share a folder safely. An entry
+(schema ``xla_streams.tune_cache.v1``) is what :meth:`Compiled.to_json` or
+:meth:`Refused.to_json` writes; one that cannot be read is treated as missing.
+JAX-free.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gzip
 import hashlib
 import importlib.metadata
@@ -30,6 +33,8 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from xla_streams import _json
 
 CACHE_SCHEMA = "xla_streams.tune_cache.v1"
 # Where the cache lives unless told otherwise (--cache-dir, cache_dir=).
@@ -60,9 +65,40 @@ class Compiled:
     compile_s: float
     cached: bool = False
 
+    def to_json(self) -> dict[str, object]:
+        """This compile's cache entry."""
+        return {
+            "schema": CACHE_SCHEMA,
+            "text": self.text,
+            "memory": list(self.memory),
+            "compile_s": self.compile_s,
+        }
+
+    @classmethod
+    def from_json(cls, doc: _json.Value) -> Compiled:
+        """A compile's cache entry, as :meth:`to_json` writes it (``cached`` is the
+        reader's to say); the document's error at the field that is wrong."""
+        doc.schema(CACHE_SCHEMA)
+        memory = [m.integer() for m in doc["memory"].items()]
+        if len(memory) != 5:
+            doc["memory"].fail("expected 5 integers: argument, output, alias, temp, heap peak")
+        argument, output, alias, temp, peak = memory
+        figures = (argument, output, alias, temp, peak)
+        return cls(doc["text"].string(), figures, doc["compile_s"].number())
+
 
 class Refused(Exception):
     """XLA refused to compile the program with these options (its first line)."""
+
+    def to_json(self) -> dict[str, object]:
+        """This refusal's cache entry."""
+        return {"schema": CACHE_SCHEMA, "refused": str(self)}
+
+    @classmethod
+    def from_json(cls, doc: _json.Value) -> Refused:
+        """A refusal's cache entry, as :meth:`to_json` writes it."""
+        doc.schema(CACHE_SCHEMA)
+        return cls(doc["refused"].string())
 
 
 def default_folder() -> Path:
@@ -99,7 +135,6 @@ class CompileCache:
 
     def __init__(self, folder: str | os.PathLike[str]) -> None:
         self.folder = Path(folder)
-        self.hits = 0
         self.stores = 0
 
     def key(self, base: Mapping[str, object], options: Mapping[str, object]) -> str:
@@ -119,41 +154,20 @@ class CompileCache:
 
     def load(self, key: str) -> Compiled | Refused | None:
         """The entry under ``key``: a compile, XLA's refusal, or None (none or unreadable)."""
+        path = self._path(key)
         try:
-            with gzip.open(self._path(key), "rt", encoding="utf-8") as f:
-                data = json.load(f)
-        except (OSError, EOFError, ValueError, RecursionError):
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                doc = _json.loads(f.read(), os.fspath(path))
+            if doc.get("refused") is not None:
+                return Refused.from_json(doc)
+            return dataclasses.replace(Compiled.from_json(doc), cached=True)
+        except (OSError, EOFError, ValueError):
             return None
-        if not isinstance(data, dict) or data.get("schema") != CACHE_SCHEMA:
-            return None
-        if isinstance(data.get("refused"), str):
-            self.hits += 1
-            return Refused(data["refused"])
-        text, memory, seconds = data.get("text"), data.get("memory"), data.get("compile_s")
-        if (
-            not isinstance(text, str)
-            or not isinstance(memory, list)
-            or len(memory) != 5
-            or not all(isinstance(m, int) for m in memory)
-            or not isinstance(seconds, int | float)
-        ):
-            return None
-        self.hits += 1
-        m = memory
-        return Compiled(text, (m[0], m[1], m[2], m[3], m[4]), float(seconds), cached=True)
 
     def store(self, key: str, value: Compiled | Refused) -> None:
         """Write ``value`` under ``key``; a folder that cannot be written is skipped (the
         cache only saves time)."""
-        if isinstance(value, Refused):
-            data: dict[str, object] = {"schema": CACHE_SCHEMA, "refused": str(value)}
-        else:
-            data = {
-                "schema": CACHE_SCHEMA,
-                "text": value.text,
-                "memory": list(value.memory),
-                "compile_s": value.compile_s,
-            }
+        data = value.to_json()
         path = self._path(key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from xla_streams.tuning.cache import Compiled, Refused
-from xla_streams.tuning.compiling import ProgramSource, compile_source
+from xla_streams.tuning.compiling import ProgramSource, Topology, compile_source
 from xla_streams.tuning.result import TuneError, first_line
 
 
@@ -31,10 +31,8 @@ class _Worker:
 
     def __init__(self, source: ProgramSource) -> None:
         os.environ["JAX_PLATFORMS"] = "cpu"
-        from xla_streams.tuning.compiling import _Topology
-
         self.source = source
-        self.devices = _Topology(source).devices
+        self.devices = Topology(source).devices
 
     def compile(self, options: Mapping[str, object]) -> Compiled | Refused:
         return compile_source(self.source, self.devices, options)

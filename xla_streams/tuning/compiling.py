@@ -109,7 +109,7 @@ class Compiler(Protocol):
 # -- in this process ------------------------------------------------------------------------
 
 
-class _Topology:
+class Topology:
     """The compile-only devices of a source, built once per process."""
 
     def __init__(self, source: ProgramSource) -> None:
@@ -145,11 +145,11 @@ class LocalCompiler:
 
     def __init__(self, source: ProgramSource) -> None:
         self.source = source
-        self._topology: _Topology | None = None
+        self._topology: Topology | None = None
 
     def compile_many(self, options: Sequence[Mapping[str, object]]) -> list[Compiled | Refused]:
         if self._topology is None:
-            self._topology = _Topology(self.source)
+            self._topology = Topology(self.source)
         return [compile_source(self.source, self._topology.devices, o) for o in options]
 
     def will_compile(self, options: Mapping[str, object]) -> bool:
@@ -178,7 +178,7 @@ def serve() -> None:
         except EOFError:
             return
         if devices is None:
-            devices = _Topology(source).devices
+            devices = Topology(source).devices
         pickle.dump(compile_source(source, devices, options), reply)
         reply.flush()
 

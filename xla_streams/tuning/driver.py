@@ -24,18 +24,17 @@ on multi-node NVLink systems (GB200 NVL72); None: every host in one domain.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from xla_streams import aot, jax_compat
-from xla_streams.collectives import MAX_STREAMS, STREAM_COUNTS, check_streams
-from xla_streams.hlo.module import MAX_DEVICES
 from xla_streams.simulate import (
     CalibrationError,
     PerfTableError,
@@ -49,6 +48,7 @@ from xla_streams.simulate import (
     with_perf_table,
 )
 from xla_streams.tuning.cache import CompileCache, default_folder
+from xla_streams.tuning.cluster import RayCompiler
 from xla_streams.tuning.compiling import (
     CachedCompiler,
     CallableCompiler,
@@ -58,25 +58,15 @@ from xla_streams.tuning.compiling import (
     ProgramSource,
     default_jobs,
 )
-from xla_streams.tuning.levers import LEVER_NAMES, Lever, levers
-from xla_streams.tuning.result import (
-    DEFAULT_BUDGET_S,
-    DEFAULT_HEADROOM,
-    DEFAULT_SCRIPT,
-    TuneError,
-    TuneResult,
-    first_line,
-)
+from xla_streams.tuning.levers import Lever, levers
+from xla_streams.tuning.options import TuneOptions
+from xla_streams.tuning.result import TuneError, TuneResult, first_line
 from xla_streams.tuning.search import Progress, Session, exhaustive, recommend, search
-from xla_streams.tuning.sources import read_program
+from xla_streams.tuning.sources import parse_stablehlo, read_program
 
 DEFAULT_BUILDER = "build"
-TARGET_NAMES = tuple(aot.GPU_CONFIGS)  # the GPUs we compile for without one
-# Hosts per NVLink domain unless told: an H100/H200 HGX cluster, each host its own.
-DEFAULT_HOSTS_PER_DOMAIN = 1
 
 Builder = Callable[[Sequence[Any]], Any]
-CacheDir = str | os.PathLike[str] | None | bool
 
 
 # -- targets --------------------------------------------------------------------------------
@@ -221,177 +211,104 @@ def _build(builder: Builder, devices: Sequence[Any], name: str) -> Any:
 # -- tune ---------------------------------------------------------------------------------
 
 
-def tune(
-    build: Builder,
-    *,
-    devices: int,
-    devices_per_host: int = 8,
-    hosts_per_domain: int | None = DEFAULT_HOSTS_PER_DOMAIN,
-    target: str = "h100",
-    budget_s: float = DEFAULT_BUDGET_S,
-    headroom: float = DEFAULT_HEADROOM,
-    calibration: str | os.PathLike[str] | None = None,
-    perf_table: str | os.PathLike[str] | None = None,
-    profile: str | os.PathLike[str] | None = None,
-    program: str | None = None,
-    levers: Sequence[str] | None = None,
-    streams: Sequence[int] = STREAM_COUNTS,
-    progress: TextIO | None = None,
-    script: str = DEFAULT_SCRIPT,
-    jobs: int | None = None,
-    cache_dir: CacheDir = None,
-    ray: str | None = None,
-    exhaustive: bool = False,
-) -> TuneResult:
+def tune(build: Builder, *, options: TuneOptions | None = None, **keywords: Any) -> TuneResult:
     """Search XLA's overlap levers and the collective streams for ``build``'s program.
 
-    ``build(devices)`` gets the ``devices`` GPUs of a compile-only ``target`` topology,
-    ``devices_per_host`` per host, ``hosts_per_domain`` hosts per NVLink domain
-    (default 1: an HGX cluster; None: all hosts in one), in host-major order, and
-    returns ``(jitted_fn, abstract_args)`` or a ``jax.stages.Lowered``. ``levers``
-    restricts the search to those names (:data:`LEVER_NAMES`), in that order;
-    ``streams`` are the stream counts K a recommendation may use; ``progress`` gets one
-    line per step (e.g. ``sys.stderr``); ``script`` is what the printed command runs.
-    ``calibration``, ``perf_table`` (XLA's format) and ``profile`` (a PGLE profile)
-    refine the simulator. ``jobs`` compile processes (default: from the cores and the
-    memory; 0: in this process, where a crash of XLA on a candidate ends the tuner:
-    in a worker it only refuses that candidate), ``cache_dir`` the disk cache of compiles (None: the
-    default folder, False: none), ``ray`` a Ray cluster to compile on (``auto`` or its
-    address). ``exhaustive`` compiles every configuration of the levers instead of
-    searching (their product: for measuring the search, not for everyday use). Raises
-    :class:`TuneError` for bad input. See :mod:`xla_streams.tuning.search` for the method.
+    ``build(devices)`` gets the ``devices`` GPUs of a compile-only ``target`` topology
+    (``devices_per_host`` per host, ``hosts_per_domain`` hosts per NVLink domain), in
+    host-major order, and returns ``(jitted_fn, abstract_args)`` or a
+    ``jax.stages.Lowered``. The keywords are the fields of :class:`TuneOptions`, whose
+    help says what each does (``devices=32, target="h200", levers=[...]``); given with
+    ``options``, they replace its fields. Raises :class:`TuneError` for bad input. See
+    :mod:`xla_streams.tuning.search` for the method.
     """
     start = time.perf_counter()
-    _check_arguments(
-        devices, devices_per_host, hosts_per_domain, target, budget_s, headroom, levers,
-        streams, jobs,
-    )  # fmt: skip
+    chosen = _merged(options, keywords)
+    devices, per_host, per_domain = chosen.topology()
     if not callable(build):
         raise TuneError(f"build must be a function of the devices, not {type(build).__name__}")
-    name = str(program or getattr(build, "__name__", "build"))
+    name = chosen.program or str(getattr(build, "__name__", "build"))
     ensure_deviceless()
-    say = Progress(progress, float(budget_s), start)
-    say(f"{name}: {devices} GPUs ({devices_per_host} per host) of {target}")
+    say = Progress(chosen.progress, chosen.budget_s, start)
+    say(f"{name}: {devices} GPUs ({per_host} per host) of {chosen.target}")
     try:
-        topology = aot.gpu_topology(target.lower(), devices, devices_per_host, hosts_per_domain)
+        topology = aot.gpu_topology(chosen.target, devices, per_host, per_domain)
     except (aot.GpuAotUnavailable, ValueError) as e:
         raise TuneError(str(e)) from None
     gpus = sorted(topology.devices, key=lambda d: (d.process_index, d.id))
     lowered = _build(build, gpus, getattr(build, "__name__", "build"))
-    return tune_lowered(
-        lowered,
-        program=name,
-        devices=devices,
-        devices_per_host=devices_per_host,
-        hosts_per_domain=hosts_per_domain,
-        target=target,
-        budget_s=budget_s,
-        headroom=headroom,
-        calibration=calibration,
-        perf_table=perf_table,
-        profile=profile,
-        levers=levers,
-        streams=streams,
-        progress=progress,
-        script=script,
-        jobs=jobs,
-        cache_dir=cache_dir,
-        ray=ray,
-        exhaustive=exhaustive,
-        start=start,
-    )
+    return tune_lowered(lowered, options=dataclasses.replace(chosen, program=name), start=start)
 
 
 def tune_lowered(
-    lowered: Any,
-    *,
-    program: str,
-    devices: int,
-    devices_per_host: int = 8,
-    hosts_per_domain: int | None = DEFAULT_HOSTS_PER_DOMAIN,
-    target: str = "h100",
-    start: float | None = None,
-    **options: Any,
+    lowered: Any, *, options: TuneOptions | None = None, start: float | None = None, **keywords: Any
 ) -> TuneResult:
     """:func:`tune` for a program already lowered for the compile-only topology of
     ``devices`` (``jax.jit(f).lower(*abstract_args)``, a ``jax.stages.Lowered``, with
     its arguments on that topology's devices: :func:`xla_streams.aot.gpu_topology` with
-    the same ``devices_per_host`` and ``hosts_per_domain``). Its StableHLO and device
-    assignment are what every candidate compiles (in this or worker processes, cached
-    on disk), byte for byte what ``lowered.compile(compiler_options=...)`` gives.
+    the same ``devices_per_host`` and ``hosts_per_domain``); ``program`` names it. Its
+    StableHLO and device assignment are what every candidate compiles (in this or
+    worker processes, cached on disk), byte for byte what
+    ``lowered.compile(compiler_options=...)`` gives.
 
     Anything else with ``compile(compiler_options=...)`` returning an object with
     ``as_text()`` and ``memory_analysis()`` is compiled through that, in this process
     and uncached (a stand-in for tests). ``start`` is when the budget began (default:
-    now); the other keywords are :func:`tune`'s."""
+    now); the options are :func:`tune`'s."""
     start = time.perf_counter() if start is None else start
-    _check_common(devices, devices_per_host, hosts_per_domain, target, options)
+    chosen = _merged(options, keywords)
+    devices, per_host, per_domain = chosen.topology()
+    _required(chosen.program, "program", "the program's name in the result")
     source = None
     if _is_lowered(lowered) and hasattr(lowered, "_lowering"):
         text, ids, jit_options = jax_compat.lowered_compile_inputs(lowered)
-        source = ProgramSource(
-            text, ids, jit_options, target.lower(), devices, devices_per_host, hosts_per_domain
-        )
+        source = ProgramSource(text, ids, jit_options, chosen.target, devices, per_host, per_domain)
         compiler: Compiler | None = None
     elif callable(getattr(lowered, "compile", None)):
         compiler = CallableCompiler(lambda o: lowered.compile(compiler_options=o))
     else:
         raise TuneError(f"expected a jax.stages.Lowered, got {type(lowered).__name__}")
-    return _tune(
-        source, compiler, program, devices, devices_per_host, hosts_per_domain, target, start,
-        options,
-    )  # fmt: skip
+    return _tune(source, compiler, chosen, start)
 
 
 def tune_stablehlo(
     text: str,
     *,
-    program: str,
-    devices: int | None = None,
-    devices_per_host: int = 8,
-    hosts_per_domain: int | None = DEFAULT_HOSTS_PER_DOMAIN,
-    target: str = "h100",
+    options: TuneOptions | None = None,
     start: float | None = None,
     notes: Sequence[str] = (),
-    **options: Any,
+    **keywords: Any,
 ) -> TuneResult:
-    """:func:`tune` for StableHLO text (``lowered.as_text()``, a ``JAX_DUMP_IR_TO`` file):
-    its partitions are assigned to the first devices of the topology, host-major.
-    ``devices`` defaults to the module's replicas x partitions, and must equal them
-    when given. The other keywords are :func:`tune`'s."""
-    from xla_streams.tuning.sources import parse_stablehlo
-
+    """:func:`tune` for StableHLO text (``lowered.as_text()``, a ``JAX_DUMP_IR_TO`` file),
+    named by ``program``: its partitions are assigned to the first devices of the
+    topology, host-major. ``devices`` defaults to the module's replicas x partitions,
+    and must equal them when given; ``devices_per_host`` is at most ``devices``. The
+    options are :func:`tune`'s; ``notes`` go into the result."""
     start = time.perf_counter() if start is None else start
+    chosen = _merged(options, keywords)
+    program = _required(chosen.program, "program", "the program's name in the result")
     module = parse_stablehlo(text, Path(program))
-    if devices is None:
-        devices = module.devices
+    devices = module.devices if chosen.devices is None else chosen.devices
     if devices != module.devices:
         raise TuneError(
             f"{program}: the module runs on {module.devices} devices ({module.replicas} "
             f"replica(s) x {module.partitions} partition(s)), not --devices={devices}"
         )
-    devices_per_host = min(devices_per_host, devices)
-    _check_common(devices, devices_per_host, hosts_per_domain, target, options)
-    source = ProgramSource(
-        text, (), {}, target.lower(), devices, devices_per_host, hosts_per_domain
-    )
-    return _tune(
-        source, None, program, devices, devices_per_host, hosts_per_domain, target, start,
-        options, notes,
-    )  # fmt: skip
+    given = chosen.devices_per_host
+    per_host = None if given is None else min(given, devices)
+    chosen = dataclasses.replace(chosen, devices=devices, devices_per_host=per_host)
+    source = ProgramSource(text, (), {}, chosen.target, *chosen.topology())
+    return _tune(source, None, chosen, start, notes)
 
 
 def tune_path(
-    path: str | os.PathLike[str],
-    *,
-    devices: int | None = None,
-    devices_per_host: int = 8,
-    **options: Any,
+    path: str | os.PathLike[str], *, options: TuneOptions | None = None, **keywords: Any
 ) -> TuneResult:
     """:func:`tune` for a ``JAX_DUMP_IR_TO`` folder (its training step: the largest module
     with a matrix multiply; the others are listed in the notes) or a StableHLO file
-    (:mod:`~xla_streams.tuning.sources`). The other keywords are :func:`tune`'s."""
+    (:mod:`~xla_streams.tuning.sources`). The options are :func:`tune`'s."""
     start = time.perf_counter()
+    chosen = _merged(options, keywords)
     step, others = read_program(path)
     notes = []
     if others:
@@ -405,76 +322,72 @@ def tune_path(
         "compiled from StableHLO without the program: partition p on GPU p of the "
         "topology (host-major); a dump of a CPU run was lowered with CPU rules"
     )
+    name = f"{Path(path).name}:{step.name}" if Path(path).is_dir() else Path(path).name
     return tune_stablehlo(
         step.text,
-        program=f"{Path(path).name}:{step.name}" if Path(path).is_dir() else Path(path).name,
-        devices=devices,
-        devices_per_host=devices_per_host,
+        options=dataclasses.replace(chosen, program=chosen.program or name),
         start=start,
         notes=notes,
-        **options,
     )
+
+
+def _merged(options: TuneOptions | None, keywords: Mapping[str, Any]) -> TuneOptions:
+    """``options`` with the fields ``keywords`` give (TypeError for one it lacks)."""
+    if options is None:
+        return TuneOptions(**keywords)
+    return dataclasses.replace(options, **keywords)
+
+
+def _required[T](value: T | None, name: str, what: str) -> T:
+    if value is None:
+        raise TuneError(f"{name} is required: {what}")
+    return value
 
 
 def _tune(
     source: ProgramSource | None,
     compiler: Compiler | None,
-    program: str,
-    devices: int,
-    devices_per_host: int,
-    hosts_per_domain: int | None,
-    target: str,
+    options: TuneOptions,
     start: float,
-    options: dict[str, Any],
     notes: Sequence[str] = (),
 ) -> TuneResult:
-    budget_s = float(options.get("budget_s", DEFAULT_BUDGET_S))
-    headroom = float(options.get("headroom", DEFAULT_HEADROOM))
-    streams = tuple(options.get("streams", STREAM_COUNTS))
-    lever_names = options.get("levers")
-    script = str(options.get("script", DEFAULT_SCRIPT))
-    target = target.lower()
+    """The search, for a program whose ``options`` name it and say its devices."""
     plugin = sys.modules.get("xla_streams.plugin")
     if plugin is not None and getattr(plugin, "current", lambda: None)() is not None:
         raise TuneError(
             "the xla_streams plugin is on in this process and would annotate every "
             "candidate's module; tune in a process without it (no XLA_STREAMS_* settings)"
         )
-    sim_target = _simulation_target(target, options.get("calibration"), options.get("perf_table"))
-    profile = _profile(options.get("profile"))
-    say = Progress(options.get("progress"), budget_s, start)
+    devices, per_host, per_domain = options.topology()
+    sim_target = _simulation_target(options.target, options.calibration, options.perf_table)
+    profile = _profile(options.profile)
+    say = Progress(options.progress, options.budget_s, start)
     cache: CompileCache | None = None
     if source is not None:
         compiler, cache = _compiler(source, options, say)
     assert compiler is not None
-    hbm = hbm_bytes(target)
+    hbm = hbm_bytes(options.target)
     try:
         sync_on_compute = jax_compat.jax_version() >= (0, 11)
     except ImportError:
         sync_on_compute = True
-    hosts = devices // devices_per_host
-    domain = devices_per_host * (hosts if hosts_per_domain is None else hosts_per_domain)
-    shape = aot.topology_shape(devices, devices_per_host, hosts_per_domain)
+    hosts = devices // per_host
+    domain = per_host * (hosts if per_domain is None else per_domain)
     session = Session(
         compiler=compiler,
+        options=options,
         target=sim_target,
         domain_size=domain,
         hbm=hbm,
-        memory_limit=int(hbm * (1.0 - headroom)),
-        budget_s=budget_s,
         start=start,
         say=say,
-        streams=streams,
         sync_on_compute=sync_on_compute,
         profile=profile,
     )
     try:
         session.start_baseline()
-        assert session.facts is not None
-        chosen, skipped = _levers(session, lever_names, streams)
-        outcome = (
-            exhaustive(session, chosen) if options.get("exhaustive") else search(session, chosen)
-        )
+        chosen, skipped = _levers(session)
+        outcome = exhaustive(session, chosen) if options.exhaustive else search(session, chosen)
     finally:
         compiler.close()
     extra = list(notes)
@@ -484,29 +397,28 @@ def _tune(
             f"{cache.stores} new entr{'y' if cache.stores == 1 else 'ies'}"
         )
     result = recommend(
-        session, outcome, program, target, devices, devices_per_host, headroom, skipped,
-        extra, script, shape,
-    )  # fmt: skip
+        session,
+        outcome,
+        skipped=skipped,
+        notes=extra,
+        topology=aot.topology_shape(devices, per_host, per_domain),
+    )
     say(f"done: {result.verdict}")
     return result
 
 
 def _compiler(
-    source: ProgramSource, options: dict[str, Any], say: Callable[[str], None]
+    source: ProgramSource, options: TuneOptions, say: Callable[[str], None]
 ) -> tuple[Compiler, CompileCache | None]:
     """The compiler ``options`` ask for (workers, Ray), behind the disk cache."""
-    ray = options.get("ray")
-    jobs = options.get("jobs")
     inner: Compiler
-    if ray:
-        from xla_streams.tuning.cluster import RayCompiler
-
-        inner = RayCompiler(source, str(ray), jobs)
-        say(f"compiling on the Ray cluster {ray} ({inner.workers} worker(s))")
+    if options.ray:
+        inner = RayCompiler(source, options.ray, options.jobs)
+        say(f"compiling on the Ray cluster {options.ray} ({inner.workers} worker(s))")
     else:
-        jobs = default_jobs() if jobs is None else int(jobs)
+        jobs = default_jobs() if options.jobs is None else options.jobs
         inner = LocalCompiler(source) if jobs == 0 else PoolCompiler(source, jobs)
-    cache_dir = options.get("cache_dir")
+    cache_dir = options.cache_dir
     if cache_dir is False or cache_dir == "":
         return inner, None
     folder = default_folder() if cache_dir is None or cache_dir is True else Path(cache_dir)
@@ -514,13 +426,12 @@ def _compiler(
     return CachedCompiler(inner, cache, source.cache_base()), cache
 
 
-def _levers(
-    session: Session, names: Sequence[str] | None, streams: Sequence[int]
-) -> tuple[list[Lever], list[str]]:
+def _levers(session: Session) -> tuple[list[Lever], list[str]]:
     """The levers to search, in order, and those skipped with the reason."""
     assert session.facts is not None
-    every = {lv.name: lv for lv in levers(session.facts, max(streams))}
-    wanted = list(every) if names is None else list(names)
+    options = session.options
+    every = {lv.name: lv for lv in levers(session.facts, max(options.streams))}
+    wanted = list(every) if options.levers is None else list(options.levers)
     chosen, skipped = [], []
     for name in wanted:
         lever = every[name]
@@ -531,7 +442,7 @@ def _levers(
             labels = tuple(
                 lb for s, lb in zip(lever.settings, lever.labels, strict=True) if s in settings
             )
-            lever = Lever(lever.name, settings, labels, lever.skip, lever.with_double_buffering)
+            lever = dataclasses.replace(lever, settings=settings, labels=labels)
             if len(settings) < 2:
                 why = why or f"this XLA has no option {', '.join(missing)}"
         if why is None and len(lever.settings) < 2:
@@ -541,92 +452,3 @@ def _levers(
             continue
         chosen.append(lever)
     return chosen, skipped
-
-
-# -- arguments ------------------------------------------------------------------------------
-
-
-def _check_common(
-    devices: int,
-    devices_per_host: int,
-    hosts_per_domain: int | None,
-    target: str,
-    options: dict[str, Any],
-) -> None:
-    known = {
-        "budget_s", "headroom", "calibration", "perf_table", "profile", "levers", "streams",
-        "progress", "script", "jobs", "cache_dir", "ray", "exhaustive",
-    }  # fmt: skip
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
-    _check_arguments(
-        devices,
-        devices_per_host,
-        hosts_per_domain,
-        target,
-        options.get("budget_s", DEFAULT_BUDGET_S),
-        options.get("headroom", DEFAULT_HEADROOM),
-        options.get("levers"),
-        options.get("streams", STREAM_COUNTS),
-        options.get("jobs"),
-    )
-
-
-def _check_arguments(
-    devices: int,
-    devices_per_host: int,
-    hosts_per_domain: int | None,
-    target: str,
-    budget_s: float,
-    headroom: float,
-    levers: Sequence[str] | None,
-    streams: Sequence[int],
-    jobs: int | None = None,
-) -> None:
-    if not isinstance(target, str) or target.lower() not in TARGET_NAMES:
-        raise TuneError(f"unknown target {target!r}; known: {', '.join(TARGET_NAMES)}")
-    for what, value in (("devices", devices), ("devices_per_host", devices_per_host)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise TuneError(f"{what} must be a positive integer, not {value!r}")
-    if devices > MAX_DEVICES:
-        raise TuneError(
-            f"devices={devices}: at most {MAX_DEVICES} (the most devices a module's replica "
-            "groups may address, and so the most a tuned topology may hold)"
-        )
-    if devices_per_host > devices:
-        raise TuneError(f"devices_per_host={devices_per_host} is more than devices={devices}")
-    if devices % devices_per_host:
-        raise TuneError(
-            f"devices={devices} is not a multiple of devices_per_host={devices_per_host}"
-        )
-    if hosts_per_domain is not None:
-        hosts = devices // devices_per_host
-        if isinstance(hosts_per_domain, bool) or not isinstance(hosts_per_domain, int):
-            raise TuneError(f"hosts_per_domain must be an integer, not {hosts_per_domain!r}")
-        if hosts_per_domain < 1 or hosts % hosts_per_domain:
-            raise TuneError(
-                f"hosts_per_domain={hosts_per_domain} does not divide the {hosts} host(s)"
-            )
-    if isinstance(budget_s, bool) or not isinstance(budget_s, int | float) or not budget_s > 0:
-        raise TuneError(f"budget_s must be a positive number of seconds, not {budget_s!r}")
-    if isinstance(headroom, bool) or not isinstance(headroom, int | float) or not 0 <= headroom < 1:
-        raise TuneError(f"headroom must be a fraction from 0 to 1, not {headroom!r}")
-    if levers is not None:
-        unknown = [lv for lv in levers if lv not in LEVER_NAMES]
-        if unknown or not levers or len(set(levers)) != len(levers):
-            raise TuneError(
-                f"levers must be distinct names from: {', '.join(LEVER_NAMES)}; got "
-                f"{', '.join(levers) or 'none'}"
-            )
-    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0):
-        raise TuneError(f"jobs must be an integer from 0, not {jobs!r}")
-    try:
-        if not streams:
-            raise ValueError("no stream counts")
-        for k in streams:
-            check_streams(k)
-    except ValueError:
-        raise TuneError(
-            f"streams must be integers from 1 to {MAX_STREAMS}, not {list(streams)!r}"
-        ) from None

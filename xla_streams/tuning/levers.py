@@ -25,6 +25,11 @@ XLA's default compile by :func:`module_facts`). These skips are sound: the pipel
 and double buffering only rewrite while loops (without a while loop holding such a
 collective they change nothing), a combine threshold only acts on collectives of its
 kind, the scale-up settings only on collectives inside one NVLink domain.
+
+Each lever carries its own names: the one ``--levers`` takes (and older spellings,
+``aliases``), and the word each of its options has in a configuration's settings
+(:func:`describe`: ``overlap-limit=4, pipeline-all-gather=on``). :data:`LEVER_NAMES`
+and those words are read from :func:`levers`, so nothing else lists them.
 """
 
 from __future__ import annotations
@@ -33,9 +38,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from xla_streams import xla_options as xo
-from xla_streams.collectives import COLLECTIVE_OPCODES, STREAM_COUNTS, AsyncPair, device_groups
+from xla_streams.collectives import COLLECTIVE_OPCODES, STREAM_COUNTS, device_groups
 from xla_streams.hlo import Module
-from xla_streams.tuning.result import format_bytes
+from xla_streams.streams import AsyncPair
 
 Flags = dict[str, object]
 Point = tuple[int, ...]  # one setting index per lever, in the order of the levers
@@ -77,19 +82,24 @@ class Facts:
 
 @dataclass(frozen=True)
 class Lever:
-    """One of XLA's overlap levers: its settings (``settings[0]`` is XLA's default, no
-    option set), a word for each, and why it cannot act on a module (None: it can).
-    ``with_double_buffering``: the search also moves it together with double
-    buffering. ``pairs``: the search's final check also changes it together with
-    another such lever (the scheduling levers, which interact); the size levers
-    (combine thresholds, collective matmul) are checked one at a time."""
+    """One of XLA's overlap levers: its name (as ``--levers`` and the progress lines
+    spell it; ``aliases``: older names still accepted), the word of each XLA option it
+    sets (``words``: option -> word, in the order a configuration's settings list
+    them), its settings (``settings[0]`` is XLA's default, no option set), a label for
+    each, and why it cannot act on a module (None: it can). ``with_double_buffering``:
+    the search also moves it together with double buffering. ``pairs``: the search's
+    final check also changes it together with another such lever (the scheduling
+    levers, which interact); the size levers (combine thresholds, collective matmul)
+    are checked one at a time."""
 
     name: str
+    words: Mapping[str, str]
     settings: tuple[Flags, ...]
     labels: tuple[str, ...]
     skip: Callable[[Facts], str | None]
     with_double_buffering: bool = False
     pairs: bool = True
+    aliases: tuple[str, ...] = ()
 
     @property
     def options(self) -> frozenset[str]:
@@ -129,6 +139,18 @@ def flags_of(levers: Sequence[Lever], point: Point) -> Flags:
     for lever, i in zip(levers, point, strict=True):
         out.update(lever.settings[i])
     return canonical(out)
+
+
+def format_bytes(n: int) -> str:
+    """``4 MiB``, ``4.5 MiB``, ``72.00 GiB``; below 1 MiB the exact count (``12 B``).
+
+    Not :func:`xla_streams._text.human_bytes` (``4.0 MiB``, ``72.0 GiB``, KiB below
+    1 MiB): these words are in tune results' tables, settings and progress lines."""
+    if n >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    if n >= 2**20:
+        return f"{n / 2**20:.0f} MiB" if n % 2**20 == 0 else f"{n / 2**20:.1f} MiB"
+    return f"{n} B"
 
 
 def describe_point(levers: Sequence[Lever], point: Point) -> str:
@@ -207,7 +229,9 @@ def _flags(options: Mapping[str, object]) -> Flags:
 
 def _toggle(name: str, option: str, skip: Callable[[Facts], str | None]) -> Lever:
     other = not xo.DEFAULTS[option]
-    return Lever(name, ({}, {option: other}), ("default", "on" if other else "off"), skip)
+    return Lever(
+        name, {option: name}, ({}, {option: other}), ("default", "on" if other else "off"), skip
+    )
 
 
 def _pipeline(kind: str) -> Lever:
@@ -215,8 +239,10 @@ def _pipeline(kind: str) -> Lever:
     by default in jax 0.12: its move is off)."""
     option = xo.PIPELINE[kind]
     other = xo.PIPELINING_OFF if xo.DEFAULTS[option] == xo.PIPELINING_ON else xo.PIPELINING_ON
+    name = f"pipeline-{kind}"
     return Lever(
-        f"pipeline-{kind}",
+        name,
+        {option: name},
         ({}, {option: other}),
         ("default", other.removeprefix("COLLECTIVE_PIPELINING_MODE_").lower()),
         _skip_pipeline(kind),
@@ -259,6 +285,7 @@ def levers(facts: Facts, max_streams: int = max(STREAM_COUNTS)) -> list[Lever]:
     return [
         Lever(
             "overlap-limit",
+            {xo.OVERLAP_LIMIT: "overlap-limit"},
             ({}, *(_flags({xo.OVERLAP_LIMIT: v}) for v in limits)),
             ("1", *(str(v) for v in limits)),
             _skip_overlap,
@@ -270,7 +297,11 @@ def levers(facts: Facts, max_streams: int = max(STREAM_COUNTS)) -> list[Lever]:
         _toggle("start-early", xo.START_AS_EARLY_AS_POSSIBLE, _skip_start_early),
         _toggle("xla-multi-streaming", xo.MULTI_STREAMING, _skip_multi_streaming),
         Lever(
-            "scale-up-overlap",
+            "scale-up-overlap-limit",
+            {
+                xo.SCALE_UP_OVERLAP_LIMIT: "scale-up-overlap-limit",
+                xo.COLLECTIVE_DOMAIN_ASSIGNMENT: "collective-domain",
+            },
             (
                 {},
                 {xo.COLLECTIVE_DOMAIN_ASSIGNMENT: xo.SCALE_UP_FABRIC},
@@ -284,9 +315,11 @@ def levers(facts: Facts, max_streams: int = max(STREAM_COUNTS)) -> list[Lever]:
             ),
             ("default", "nvlink-domain", *(f"nvlink-domain+limit {v}" for v in SCALE_UP_LIMITS)),
             _skip_scale_up,
+            aliases=("scale-up-overlap",),  # its name up to 0.2.0
         ),
         Lever(
             "windowed-einsum",
+            {xo.WINDOWED_EINSUM_THRESHOLD_MIB: "windowed-einsum-threshold-mib"},
             ({}, {xo.WINDOWED_EINSUM_THRESHOLD_MIB: WINDOWED_EINSUM_ALL_MIB}),
             ("default", "all GEMMs"),
             _skip_windowed_einsum,
@@ -294,6 +327,7 @@ def levers(facts: Facts, max_streams: int = max(STREAM_COUNTS)) -> list[Lever]:
         ),
         Lever(
             "all-reduce-combine",
+            {xo.COMBINE_THRESHOLD["all-reduce"]: "all-reduce-combine-threshold"},
             ({}, *(_flags({xo.COMBINE_THRESHOLD["all-reduce"]: v}) for v in ar_values)),
             ("default", *(format_bytes(v) for v in ar_values)),
             _skip_combine(("all-reduce",)),
@@ -301,6 +335,10 @@ def levers(facts: Facts, max_streams: int = max(STREAM_COUNTS)) -> list[Lever]:
         ),
         Lever(
             "gather-scatter-combine",
+            {
+                ag_rs[0]: "all-gather-combine-threshold",
+                ag_rs[1]: "reduce-scatter-combine-threshold",
+            },
             ({}, *(_flags(dict.fromkeys(ag_rs, v)) for v in gather_values)),
             ("default", *(format_bytes(v) for v in gather_values)),
             _skip_combine(("all-gather", "reduce-scatter")),
@@ -309,19 +347,39 @@ def levers(facts: Facts, max_streams: int = max(STREAM_COUNTS)) -> list[Lever]:
     ]
 
 
-LEVER_NAMES = (
-    "overlap-limit",
-    "pipeline-all-gather",
-    "pipeline-reduce-scatter",
-    "pipeline-all-reduce",
-    "double-buffering",
-    "start-early",
-    "xla-multi-streaming",
-    "scale-up-overlap",
-    "windowed-einsum",
-    "all-reduce-combine",
-    "gather-scatter-combine",
-)
+# A lever's names and words do not depend on the module: read them from the levers of
+# a module with no collectives.
+_EVERY_LEVER = levers(Facts(0, 0, frozenset(), frozenset(), False, 0))
+LEVER_NAMES = tuple(lv.name for lv in _EVERY_LEVER)
+# An older name of a lever -> its name.
+LEVER_ALIASES = {alias: lv.name for lv in _EVERY_LEVER for alias in lv.aliases}
+# Each XLA option a lever sets -> its word in a configuration's settings, in lever order.
+_WORDS = {option: word for lv in _EVERY_LEVER for option, word in lv.words.items()}
+
+
+def describe(options: Mapping[str, object]) -> str:
+    """``overlap-limit=4, pipeline-all-gather=on``; ``XLA defaults`` for none. An option
+    no lever sets is named as XLA spells it, after the others."""
+    if not options:
+        return "XLA defaults"
+    words = []
+    for name in sorted(options, key=_option_order):
+        value = options[name]
+        if isinstance(value, bool):
+            text = "on" if value else "off"
+        elif isinstance(value, str) and value.startswith(xo.ENUM_PREFIXES):
+            text = xo.as_xla_flags({name: value})[0].split("=", 1)[1].lower()
+        elif name in xo.COMBINE_THRESHOLD.values() and isinstance(value, int):
+            text = format_bytes(value)
+        else:
+            text = str(value)
+        words.append(f"{_WORDS.get(name, name)}={text}")
+    return ", ".join(words)
+
+
+def _option_order(name: str) -> tuple[int, str]:
+    order = list(_WORDS)
+    return (order.index(name) if name in order else len(order), name)
 
 
 # -- the facts of a module ------------------------------------------------------------------

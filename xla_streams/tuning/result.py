@@ -1,24 +1,26 @@
-"""What ``xla-streams tune`` found, and its file: :class:`Configuration`, :class:`TuneResult`,
-the schema ``xla_streams.tune.v1`` and its checker, the options and the command in words.
+"""What ``xla-streams tune`` found, and its file: :class:`Configuration`, :class:`TuneResult`
+(schema ``xla_streams.tune.v1``: ``to_json`` writes it, ``from_json`` reads it back
+checked), the table and the command in words.
 
 The plugin reads tune files (``XLA_STREAMS_CONFIG``) through :func:`load_tune_result`,
 so this module stays light: it imports neither JAX nor the simulator, only the names
-of XLA's options and of the stream policies.
+of XLA's options, of the stream policies and of the levers.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from xla_streams import _json
 from xla_streams import xla_options as xo
 from xla_streams._text import aligned
 from xla_streams.collectives import DEFAULT_POLICY, MAX_STREAMS, POLICIES, check_streams
+from xla_streams.tuning.levers import describe, format_bytes
 
 SCHEMA = "xla_streams.tune.v1"
 DEFAULT_BUDGET_S = 300.0
@@ -96,6 +98,45 @@ class Configuration:
                 }
         return out
 
+    @classmethod
+    def from_json(cls, doc: _json.Value, *, candidate: bool = False) -> Configuration:
+        """A configuration as :meth:`to_json` writes it, checked: the document's error at
+        the field that is wrong. Its ``xla_flags`` may only be options the tuner searches
+        (``xla_options.OPTIONS``), each typed and ranged: a value can never add a flag of
+        its own to ``XLA_FLAGS``, nor abort XLA's flag parser."""
+        flags = doc["xla_flags"]
+        xla_flags = {}
+        for name, value in flags.fields().items():
+            if name not in xo.OPTIONS:
+                flags.fail(
+                    f"{_short(name)!r} is not an option xla-streams tune searches (those are "
+                    f"the {len(xo.OPTIONS)} options of xla_streams/xla_options.py)"
+                )
+            try:
+                xla_flags[name] = xo.check_option(name, value.raw)
+            except ValueError as e:
+                value.fail(str(e))
+        streams = doc["streams"].integer()
+        try:
+            check_streams(streams)
+        except ValueError:
+            doc["streams"].fail(f"expected an integer from 1 to {MAX_STREAMS}, got {streams}")
+        spread = doc.get("predicted_step_range_ms")
+        by_streams: dict[int, float] = _optional(doc, "step_ms_by_streams", _step_by_streams, {})
+        return cls(
+            xla_flags=xla_flags,
+            streams=streams,
+            policy=doc["policy"].one_of(POLICIES),
+            predicted_step_ms=doc["predicted_step_ms"].number(0),
+            peak_memory_bytes=doc["peak_memory_bytes"].integer(0),
+            exposed_communication_ms=_optional(doc, "exposed_communication_ms", _number, None),
+            compile_s=doc["compile_s"].number() if candidate else None,
+            fits=_optional(doc, "fits", _json.Value.boolean, True),
+            by_streams=by_streams,
+            step_low_ms=spread["low"].number() if spread is not None else None,
+            step_high_ms=spread["high"].number() if spread is not None else None,
+        )
+
 
 @dataclass(frozen=True)
 class TuneResult:
@@ -163,64 +204,45 @@ class TuneResult:
             "budget_s": self.budget_s,
         }
 
+    @classmethod
+    def from_json(cls, doc: _json.Value) -> TuneResult:
+        """A tune result as :meth:`to_json` writes it, checked against its schema: the
+        document's error naming the file and the field that is wrong. Fields written
+        only for people (``speedup``, a candidate's ``settings``) are not read."""
+        doc.schema(SCHEMA)
+        return cls(
+            program=doc["program"].string(),
+            target=doc["target"].string(),
+            devices=doc["devices"].integer(1),
+            devices_per_host=doc["devices_per_host"].integer(1),
+            baseline=Configuration.from_json(doc["baseline"]),
+            best=Configuration.from_json(doc["best"]),
+            candidates=tuple(
+                Configuration.from_json(c, candidate=True) for c in doc["candidates"].items()
+            ),
+            command=doc["command"].string(),
+            hbm_bytes=_optional(doc, "hbm_bytes", _count, 0),
+            headroom=_optional(doc, "headroom", _number, DEFAULT_HEADROOM),
+            verdict=_optional(doc, "verdict", _json.Value.string, ""),
+            reasons=_optional(doc, "reasons", _strings, ()),
+            skipped=_optional(doc, "skipped", _strings, ()),
+            notes=_optional(doc, "notes", _strings, ()),
+            elapsed_s=_optional(doc, "elapsed_s", _number, 0.0),
+            budget_s=_optional(doc, "budget_s", _number, DEFAULT_BUDGET_S),
+            compiles=_optional(doc, "compiles", _count, 0),
+            cache_hits=_optional(doc, "cache_hits", _count, 0),
+            evaluated=_optional(doc, "evaluated", _count, 0),
+            guarantee=_optional(doc, "guarantee", _json.Value.string, ""),
+            topology=_optional(doc, "topology", _json.Value.string, ""),
+        )
+
     def json_text(self) -> str:
+        """The tune file: :meth:`to_json` as text."""
         return json.dumps(self.to_json(), indent=1) + "\n"
 
     def table(self) -> str:
         """The ranked candidates and the recommendation, as text."""
         return format_result(self)
-
-
-# -- XLA options and the command in words ---------------------------------------------------
-
-_LABELS: dict[str, str] = {
-    xo.OVERLAP_LIMIT: "overlap-limit",
-    **{name: f"pipeline-{kind}" for kind, name in xo.PIPELINE.items()},
-    xo.WHILE_LOOP_DOUBLE_BUFFERING: "double-buffering",
-    xo.START_AS_EARLY_AS_POSSIBLE: "start-early",
-    xo.MULTI_STREAMING: "xla-multi-streaming",
-    xo.SCALE_UP_OVERLAP_LIMIT: "scale-up-overlap-limit",
-    xo.COLLECTIVE_DOMAIN_ASSIGNMENT: "collective-domain",
-    xo.WINDOWED_EINSUM_THRESHOLD_MIB: "windowed-einsum-threshold-mib",
-    xo.WINDOWED_EINSUM_MULTI_STREAMED: "windowed-einsum-multi-streamed",
-    **{name: f"{kind}-combine-threshold" for kind, name in xo.COMBINE_THRESHOLD.items()},
-}
-
-
-def describe(options: Mapping[str, object]) -> str:
-    """``overlap-limit=4, pipeline-all-gather=on``; ``XLA defaults`` for none."""
-    if not options:
-        return "XLA defaults"
-    words = []
-    for name in sorted(options, key=_option_order):
-        value = options[name]
-        if isinstance(value, bool):
-            text = "on" if value else "off"
-        elif isinstance(value, str) and value.startswith(xo.ENUM_PREFIXES):
-            text = xo.as_xla_flags({name: value})[0].split("=", 1)[1].lower()
-        elif name in xo.COMBINE_THRESHOLD.values() and isinstance(value, int):
-            text = format_bytes(value)
-        else:
-            text = str(value)
-        words.append(f"{_LABELS.get(name, name)}={text}")
-    return ", ".join(words)
-
-
-def _option_order(name: str) -> tuple[int, str]:
-    order = list(_LABELS)
-    return (order.index(name) if name in order else len(order), name)
-
-
-def format_bytes(n: int) -> str:
-    """``4 MiB``, ``4.5 MiB``, ``72.00 GiB``; below 1 MiB the exact count (``12 B``).
-
-    Not :func:`xla_streams._text.human_bytes` (``4.0 MiB``, ``72.0 GiB``, KiB below
-    1 MiB): these words are in tune results' tables, settings and progress lines."""
-    if n >= 2**30:
-        return f"{n / 2**30:.2f} GiB"
-    if n >= 2**20:
-        return f"{n / 2**20:.0f} MiB" if n % 2**20 == 0 else f"{n / 2**20:.1f} MiB"
-    return f"{n} B"
 
 
 def command_line(
@@ -344,200 +366,37 @@ def load_tune_result(path: str | os.PathLike[str]) -> TuneResult:
     anything else for what the file holds (its size is capped, deep nesting is
     refused).
     """
-    where = os.fspath(path)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_TUNE_FILE_BYTES + 1)
-        if len(raw) > MAX_TUNE_FILE_BYTES:
-            raise TuneError(f"{where}: larger than {MAX_TUNE_FILE_BYTES} bytes: not a tune result")
-        text = raw.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        raise TuneError(f"{where}: cannot read the tune result: {reason}") from None
-    return parse_tune_text(text, where)
+    doc = _json.load(path, TuneError, what="tune result", max_bytes=MAX_TUNE_FILE_BYTES)
+    return TuneResult.from_json(doc)
 
 
-def parse_tune_text(text: str, where: str = "tune result") -> TuneResult:
-    """:func:`load_tune_result` for the file's text."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise TuneError(f"{where}: not JSON: {e}") from None
-    except RecursionError:
-        raise TuneError(f"{where}: not a tune result: JSON nested too deeply") from None
-    except ValueError as e:  # e.g. an integer with too many digits
-        raise TuneError(f"{where}: not JSON: {str(e).splitlines()[0]}") from None
-    return parse_tune_result(data, where)
+def _optional[T](doc: _json.Value, key: str, read: Callable[[_json.Value], T], default: T) -> T:
+    """The member ``key`` of ``doc`` as ``read`` reads it, ``default`` when it is absent."""
+    value = doc.get(key)
+    return default if value is None else read(value)
 
 
-def parse_tune_result(data: Any, where: str = "tune result") -> TuneResult:
-    """:func:`load_tune_result` for data already parsed from JSON."""
-    check = _Checker(where)
-    top = check.object(data, "")
-    schema = top.get("schema")
-    if schema != SCHEMA:
-        check.fail("schema", f"expected {SCHEMA!r}, got {schema!r}")
-    candidates = check.field(top, "candidates", list)
-    return TuneResult(
-        program=check.field(top, "program", str),
-        target=check.field(top, "target", str),
-        devices=check.positive(top, "devices"),
-        devices_per_host=check.positive(top, "devices_per_host"),
-        baseline=check.configuration(top, "baseline"),
-        best=check.configuration(top, "best"),
-        candidates=tuple(
-            check.configuration({"candidates": candidates}, f"candidates[{i}]", candidate=True)
-            for i in range(len(candidates))
-        ),
-        command=check.field(top, "command", str),
-        hbm_bytes=int(top.get("hbm_bytes", 0)) if isinstance(top.get("hbm_bytes"), int) else 0,
-        headroom=float(top.get("headroom", DEFAULT_HEADROOM))
-        if isinstance(top.get("headroom"), int | float)
-        else DEFAULT_HEADROOM,
-        verdict=str(top.get("verdict", "")),
-        reasons=_strings(top.get("reasons")),
-        skipped=_strings(top.get("skipped")),
-        notes=_strings(top.get("notes")),
-        compiles=_count(top.get("compiles")),
-        cache_hits=_count(top.get("cache_hits")),
-        evaluated=_count(top.get("evaluated")),
-        guarantee=str(top.get("guarantee", "")),
-        topology=str(top.get("topology", "")),
-    )
+def _number(value: _json.Value) -> float:
+    return value.number()
 
 
-def _strings(value: Any) -> tuple[str, ...]:
-    return tuple(r for r in value if isinstance(r, str)) if isinstance(value, list) else ()
+def _count(value: _json.Value) -> int:
+    return value.integer(0)
 
 
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+def _strings(value: _json.Value) -> tuple[str, ...]:
+    return tuple(item.string() for item in value.items())
 
 
-class _Checker:
-    """The schema check: each method reads one field of the JSON or fails with a
-    :class:`TuneError` naming the file and the field's path."""
-
-    def __init__(self, where: str) -> None:
-        self.where = where
-
-    def fail(self, path: str, message: str) -> None:
-        at = f"{self.where}: {path}: " if path else f"{self.where}: "
-        raise TuneError(at + message)
-
-    def object(self, value: Any, path: str) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            self.fail(path, f"expected a JSON object, got {_json_type(value)}")
-        return value  # type: ignore[no-any-return]
-
-    def field(self, obj: Mapping[str, Any], key: str, kind: type, path: str = "") -> Any:
-        name = f"{path}.{key}" if path else key
-        if key not in obj:
-            self.fail(name, "missing")
-        value = obj[key]
-        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-        if kind is float:
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-        if not ok:
-            self.fail(
-                name, f"expected {_TYPE_NAMES.get(kind, kind.__name__)}, got {_json_type(value)}"
-            )
-        return value
-
-    def positive(self, obj: Mapping[str, Any], key: str, path: str = "") -> int:
-        value: int = self.field(obj, key, int, path)
-        if value < 1:
-            self.fail(f"{path}.{key}" if path else key, f"expected a positive integer, got {value}")
-        return value
-
-    def configuration(
-        self, parent: Mapping[str, Any], key: str, *, candidate: bool = False
-    ) -> Configuration:
-        if candidate:
-            index = int(key[key.index("[") + 1 : -1])
-            obj = self.object(parent["candidates"][index], key)
-        else:
-            obj = self.object(self.field(parent, key, dict), key)
-        flags = self.object(self.field(obj, "xla_flags", dict, key), f"{key}.xla_flags")
-        for name, value in flags.items():
-            # Only the options the tuner searches, each typed and ranged: a value can
-            # never add a flag of its own to XLA_FLAGS, nor abort XLA's flag parser.
-            if name not in xo.OPTIONS:
-                self.fail(
-                    f"{key}.xla_flags",
-                    f"{_short(name)!r} is not an option xla-streams tune searches (those are "
-                    f"the {len(xo.OPTIONS)} options of xla_streams/xla_options.py)",
-                )
-            try:
-                xo.check_option(name, value)
-            except ValueError as e:
-                self.fail(f"{key}.xla_flags.{name}", str(e))
-        streams: int = self.field(obj, "streams", int, key)
-        try:
-            check_streams(streams)
-        except ValueError:
-            self.fail(
-                f"{key}.streams", f"expected an integer from 1 to {MAX_STREAMS}, got {streams}"
-            )
-        policy: str = self.field(obj, "policy", str, key)
-        if policy not in POLICIES:
-            self.fail(f"{key}.policy", f"expected one of {', '.join(POLICIES)}, got {policy!r}")
-        step: float = self.field(obj, "predicted_step_ms", float, key)
-        if not math.isfinite(step) or step < 0:
-            self.fail(f"{key}.predicted_step_ms", f"expected a non-negative number, got {step}")
-        memory: int = self.field(obj, "peak_memory_bytes", int, key)
-        if memory < 0:
-            self.fail(f"{key}.peak_memory_bytes", f"expected a non-negative integer, got {memory}")
-        compile_s = None
-        if candidate:
-            compile_s = float(self.field(obj, "compile_s", float, key))
-        exposed = obj.get("exposed_communication_ms")
-        spread = obj.get("predicted_step_range_ms")
-        low = high = None
-        if spread is not None:
-            spread = self.object(spread, f"{key}.predicted_step_range_ms")
-            low = float(self.field(spread, "low", float, f"{key}.predicted_step_range_ms"))
-            high = float(self.field(spread, "high", float, f"{key}.predicted_step_range_ms"))
-        return Configuration(
-            xla_flags=dict(flags),
-            streams=streams,
-            policy=policy,
-            predicted_step_ms=float(step),
-            peak_memory_bytes=memory,
-            exposed_communication_ms=float(exposed)
-            if isinstance(exposed, int | float) and not isinstance(exposed, bool)
-            else None,
-            compile_s=compile_s,
-            fits=bool(obj.get("fits", True)),
-            step_low_ms=low,
-            step_high_ms=high,
-        )
-
-
-_TYPE_NAMES: dict[type, str] = {
-    str: "a string",
-    int: "an integer",
-    float: "a number",
-    list: "a JSON array",
-    dict: "a JSON object",
-}
+def _step_by_streams(value: _json.Value) -> dict[int, float]:
+    """``{"1": 9.0, "2": 8.0}``: the step in ms per stream count K."""
+    out = {}
+    for k, step in value.fields().items():
+        if not (k.isascii() and k.isdigit()):
+            step.fail("expected a stream count as the key")
+        out[int(k)] = step.number(0)
+    return out
 
 
 def _short(text: str) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return f"a number ({value})"
-    if isinstance(value, str):
-        return f"a string ({value!r})" if len(value) < 40 else "a string"
-    if isinstance(value, list):
-        return "a JSON array"
-    if isinstance(value, dict):
-        return "a JSON object"
-    return type(value).__name__

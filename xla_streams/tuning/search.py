@@ -117,17 +117,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
 from xla_streams import xla_options as xo
-from xla_streams.collectives import (
-    DEFAULT_POLICY,
-    POLICIES,
-    STREAM_COUNTS,
-    AsyncPair,
-    StreamModel,
-    max_in_flight,
-)
+from xla_streams.collectives import DEFAULT_POLICY, POLICIES, STREAM_COUNTS, StreamModel
 from xla_streams.hlo import Module, parse_module
-from xla_streams.passes.assign_streams import assign_streams
-from xla_streams.passes.find_async_pairs import find_async_pairs
 from xla_streams.simulate import (
     PredictionRange,
     Profile,
@@ -138,6 +129,7 @@ from xla_streams.simulate import (
     what_if,
     xla_stream_assignment,
 )
+from xla_streams.streams import AsyncPair, assign_streams, find_async_pairs, max_in_flight
 from xla_streams.tuning.cache import Compiled, Refused
 from xla_streams.tuning.compiling import Compiler
 from xla_streams.tuning.levers import (
@@ -145,19 +137,15 @@ from xla_streams.tuning.levers import (
     Flags,
     Lever,
     Point,
+    describe,
     describe_point,
     flags_of,
+    format_bytes,
     module_facts,
     overlap_limit,
 )
-from xla_streams.tuning.result import (
-    Configuration,
-    TuneError,
-    TuneResult,
-    command_line,
-    describe,
-    format_bytes,
-)
+from xla_streams.tuning.options import TuneOptions
+from xla_streams.tuning.result import Configuration, TuneError, TuneResult, command_line
 
 # The recommendation must beat XLA's defaults by this fraction, or the defaults stay.
 MIN_SPEEDUP = 0.01
@@ -361,18 +349,17 @@ _NO_SUCH_OPTION = re.compile(r"No such compile option: '([A-Za-z0-9_]+)'")
 
 @dataclass
 class Session:
-    """One search: what it compiles with, what it predicts for, and every option set
+    """One search: its options (the budget, the stream counts, the headroom, what the
+    result names), what it compiles with, what it predicts for, and every option set
     evaluated so far."""
 
     compiler: Compiler
+    options: TuneOptions
     target: Target
     domain_size: int  # GPUs per NVLink domain
     hbm: int
-    memory_limit: int
-    budget_s: float
     start: float
     say: Callable[[str], None]
-    streams: Sequence[int]
     sync_on_compute: bool
     profile: Profile | None = None
     evaluations: dict[str, Evaluation] = field(default_factory=dict)
@@ -386,12 +373,13 @@ class Session:
     cache_hits: int = 0
     _predictions: dict[tuple[str, int, bool, bool], Prediction] = field(default_factory=dict)
 
+    @property
+    def memory_limit(self) -> int:
+        """The most a configuration may hold per GPU: the HBM less the headroom."""
+        return int(self.hbm * (1.0 - self.options.headroom))
+
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
-
-    def evaluate(self, flags: Flags, label: str) -> Evaluation | None:
-        """:meth:`evaluate_many` of one option set."""
-        return self.evaluate_many([(flags, label)])[0]
 
     def start_baseline(self) -> Evaluation:
         """Compile XLA's defaults; an option this XLA does not know is dropped from
@@ -413,7 +401,7 @@ class Session:
     def _fits_in_budget(self, wanted: int) -> int:
         """How many of ``wanted`` compiles (and their predictions) fit in what is left of
         the budget, at the slowest compile and prediction so far, ``workers`` at a time."""
-        left = self.budget_s - self.elapsed()
+        left = self.options.budget_s - self.elapsed()
         compile_s = max(self.durations)
         predict_s = max(self.predict_durations, default=0.0)
         workers = max(self.compiler.workers, 1)
@@ -496,7 +484,7 @@ class Session:
                 compiled.text,
                 flags,
                 self.target,
-                streams=self.streams,
+                streams=self.options.streams,
                 sync_on_compute=self.sync_on_compute,
                 profile=self.profile,
             )
@@ -535,16 +523,6 @@ class Session:
 
 
 # -- the search ------------------------------------------------------------------------------
-
-
-class Candidate(Protocol):
-    """What the search reads of an evaluated option set."""
-
-    @property
-    def step(self) -> float: ...
-
-    @property
-    def fits(self) -> bool: ...
 
 
 class Evaluator(Protocol):
@@ -731,18 +709,18 @@ def exhaustive(session: Evaluator, chosen: Sequence[Lever]) -> Outcome:
 def recommend(
     session: Session,
     outcome: Outcome,
-    program: str,
-    target: str,
-    devices: int,
-    devices_per_host: int,
-    headroom: float,
-    skipped: list[str],
-    notes: list[str],
-    script: str,
+    *,
+    skipped: Sequence[str],
+    notes: Sequence[str],
     topology: str = "",
 ) -> TuneResult:
-    """The result of a search that found ``outcome``: its best, or XLA's defaults with the
-    reasons nothing beats them (see the module docstring)."""
+    """The result of the search of ``session`` that found ``outcome``: its best, or XLA's
+    defaults with the reasons nothing beats them (see the module docstring), for the
+    program and topology of the session's options; ``skipped`` are the levers not
+    searched and why, ``notes`` go into the result, ``topology`` is its shape."""
+    options = session.options
+    devices, per_host, _ = options.topology()
+    assert options.program is not None  # the driver names every program it tunes
     base_ev = session.baseline
     assert base_ev is not None
     found: Evaluation = outcome.best
@@ -785,28 +763,28 @@ def recommend(
     else:
         verdict = f"{best.settings} with {best.streams} stream(s): {speedup:.3f}x predicted"
     return TuneResult(
-        program=program,
-        target=target,
+        program=options.program,
+        target=options.target,
         devices=devices,
-        devices_per_host=devices_per_host,
+        devices_per_host=per_host,
         baseline=baseline,
         best=best,
         candidates=candidates,
-        command=command_line(best.xla_flags, best.streams, best.policy, script),
+        command=command_line(best.xla_flags, best.streams, best.policy, options.script),
         hbm_bytes=session.hbm,
-        headroom=headroom,
+        headroom=options.headroom,
         verdict=verdict,
         reasons=tuple(dict.fromkeys(reasons)),
         skipped=tuple(skipped),
         notes=tuple(notes),
         elapsed_s=session.elapsed(),
-        budget_s=session.budget_s,
+        budget_s=options.budget_s,
         compiles=session.compiled,
         cache_hits=session.cache_hits,
         evaluated=len(session.evaluations) + len(session.failures),
         guarantee=outcome.guarantee,
         topology=topology,
-        script=script,
+        script=options.script,
         best_hlo=recommended.text,
     )
 

@@ -40,7 +40,6 @@ MAX_STABLEHLO_BYTES = 1 << 30
 _MODULE = re.compile(r"^module @([^\s{]+)", re.M)
 _PARTITIONS = re.compile(r"mhlo\.num_partitions = (\d+)")
 _REPLICAS = re.compile(r"mhlo\.num_replicas = (\d+)")
-_JAX_DUMP_NAME = re.compile(r"^jax_ir\d+_(.+)_compile\.mlir$")
 
 
 @dataclass(frozen=True)
@@ -153,9 +152,3 @@ def read_program(path: str | os.PathLike[str]) -> tuple[StableHlo, list[StableHl
     step = max(pool, key=lambda m: (m.size, m.devices, m.path.name))
     others = sorted((m for m in modules if m is not step), key=lambda m: -m.size)
     return step, others
-
-
-def dump_module_name(path: Path) -> str:
-    """``jit_train_step`` for ``jax_ir0011_jit_train_step_compile.mlir``, else the stem."""
-    match = _JAX_DUMP_NAME.match(path.name)
-    return match.group(1) if match else path.stem
