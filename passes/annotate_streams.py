@@ -29,7 +29,7 @@ class AnnotateStreams(ModulePass):
         assert assignment is not None
         module = compilation.module
         for pair in compilation.pairs:
-            stream = assignment.stream_of[pair.start]
+            stream = assignment.stream_of[pair.key]
             if stream is None or pair.sync:
                 stale = pair.annotation is not None and pair.annotation >= assignment.streams
                 if not stale:

@@ -218,7 +218,7 @@ def lower_to_ffi(
     users_of: dict[str, dict[str, list[str]]] = {}
     lowered = []
     for op_id, pair in enumerate(pairs):
-        stream = stream_of.get(pair.start)
+        stream = stream_of.get(pair.key)
         if stream is None:
             continue
         comp = module.computation(pair.computation)

@@ -304,8 +304,7 @@ def _tune_result() -> TuneResult:
 
 
 TUNE_COMMAND = (
-    "xla-streams tune --program=fsdp_tp_mlp_scan --jobs=1 --budget-s=600 --cache-dir=none "
-    "--json=tune.json"
+    "xla-streams tune --program=fsdp_tp_mlp_scan --jobs=1 --cache-dir=none --json=tune.json"
 )
 
 

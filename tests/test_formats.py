@@ -20,6 +20,7 @@ from unittest import mock
 import pytest
 
 from xla_streams import report
+from xla_streams.plugin import cache as plugin_cache
 from xla_streams.simulate import calibration, prediction
 from xla_streams.tuning import cache, result
 
@@ -50,8 +51,9 @@ FORMATS: dict[str, Callable[[], type]] = {
     cache.CACHE_SCHEMA: lambda: cache.Compiled,
     calibration.SCHEMA: lambda: calibration.Calibration,
     "xla_streams.gpu_check.v1": lambda: _tool("gpu_check").GpuCheckReport,
-    "xla_streams.published.v1": lambda: _tool("predict_published").PublishedReport,
+    "xla_streams.published.v2": lambda: _tool("predict_published").PublishedTable,
     "xla_streams.tune_grid.v1": lambda: _tool("tune_grid").TuneGrid,
+    "xla_streams.cached_modules.v1": lambda: plugin_cache.CachedModule,
 }
 
 

@@ -30,6 +30,7 @@ from xla_streams.report import (
     ReportError,
     ReportIndex,
     build_report,
+    format_report,
     format_table,
     human_bytes,
     write_reports,
@@ -319,6 +320,43 @@ def test_table_without_collectives() -> None:
     table = format_table(compile_(text=text))
     assert "no async collectives" in table
     assert "0 async pairs" in table
+
+
+# A recv from the host and a send back: no device collectives (no pairs, no stream).
+HOST_TRANSFERS = """\
+HloModule host, is_scheduled=true
+
+ENTRY %main (p: f32[8]) -> f32[8] {
+  %tok = token[] after-all()
+  %in = (f32[8]{0}, u32[], token[]) recv(%tok), channel_id=1, is_host_transfer=true
+  %in.done = (f32[8]{0}, token[]) recv-done(%in), channel_id=1, is_host_transfer=true
+  %value = f32[8]{0} get-tuple-element(%in.done), index=0
+  %out = (f32[8]{0}, u32[], token[]) send(%value, %tok), channel_id=2, is_host_transfer=true
+  %out.done = token[] send-done(%out), channel_id=2, is_host_transfer=true
+  ROOT %result = f32[8]{0} copy(%value)
+}
+"""
+
+
+def test_host_transfers_are_named_in_the_table_and_the_json() -> None:
+    report = build_report(compile_(text=HOST_TRANSFERS))
+    assert report.collectives == () and report.summary.host_transfers == 2
+    assert "\nhost transfers: 2 (send/recv to or from the host: not device collectives, no " in (
+        format_report(report)
+    )
+    assert json.loads(report.to_json())["summary"]["host_transfers"] == 2
+    assert round_trip(report) == report
+
+
+def test_a_report_without_host_transfers_has_no_such_member() -> None:
+    """``summary.host_transfers`` came to v2 after its first files: written only where
+    there are some, so every other report reads and prints as before, and it reads as 0
+    where it is absent."""
+    report = build_report(compile_())
+    assert report.summary.host_transfers == 0
+    assert "host_transfers" not in json.loads(report.to_json())["summary"]
+    assert "host transfers" not in format_report(report)
+    assert round_trip(report) == report
 
 
 def test_summary_tells_sync_pairs_from_synchronous_collectives(tmp_path: Path) -> None:

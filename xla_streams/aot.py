@@ -25,6 +25,7 @@ GPU_CONFIGS: dict[str, str] = {
     "h100": "h100_sxm.txtpb",
     "h200": "h200_sxm.txtpb",
     "a100": "a100_sxm_40.txtpb",
+    "b200": "b200.txtpb",
 }
 
 # Compiler options that make XLA write the optimized module as text. Pass
@@ -43,10 +44,12 @@ class GpuAotUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class CompiledModule:
-    """The scheduled GPU module in the two text forms XLA prints."""
+    """The scheduled GPU module in the two text forms XLA prints, and XLA's own
+    schedule dump (its estimate of every instruction's time) when asked for."""
 
     as_text: str
     dump_text: str
+    schedule_text: str = ""  # <module>.schedule.txt: read by simulate/xla_estimate.py
 
 
 def target_config(target: str = "h100") -> str:
@@ -153,12 +156,10 @@ def path_independent_locations(
         config.update("jax_hlo_source_file_canonicalization_regex", previous)
 
 
-def _read_dump(dump_dir: str) -> str:
-    found = sorted(glob.glob(os.path.join(dump_dir, "*after_optimizations.txt")))
+def _read_dump(dump_dir: str, pattern: str) -> str:
+    found = sorted(glob.glob(os.path.join(dump_dir, pattern)))
     if len(found) != 1:
-        raise RuntimeError(
-            f"expected one *after_optimizations.txt in the XLA dump, found {len(found)}"
-        )
+        raise RuntimeError(f"expected one {pattern} in the XLA dump, found {len(found)}")
     with open(found[0], encoding="utf-8") as f:
         return f.read()
 
@@ -169,6 +170,7 @@ def compile_for_gpu(
     *,
     compiler_options: Mapping[str, Any] | None = None,
     dump: bool = True,
+    schedule: bool = False,
 ) -> CompiledModule:
     """Lower and compile `fn(*args)` with XLA's GPU compiler, deviceless.
 
@@ -178,6 +180,7 @@ def compile_for_gpu(
     DebugOptions fields. With `dump`, the after-optimizations module XLA
     writes to its dump directory is returned as `dump_text` (this form prints
     wrapped collectives as `async-start(...), calls=`); otherwise it is "".
+    With `schedule`, the latency-hiding scheduler's dump is `schedule_text`.
     """
     _require_gpu_aot()
     import jax
@@ -185,10 +188,15 @@ def compile_for_gpu(
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     lowered = jitted.lower(*args)
     options = dict(compiler_options or {})
-    if not dump:
+    if not (dump or schedule):
         return CompiledModule(as_text=lowered.compile(options).as_text(), dump_text="")
     with tempfile.TemporaryDirectory(prefix="xla_streams_dump_") as dump_dir:
         options.update(_DUMP_OPTIONS)
         options["xla_dump_to"] = dump_dir
+        options["xla_dump_latency_hiding_schedule"] = schedule
         compiled = lowered.compile(options)
-        return CompiledModule(as_text=compiled.as_text(), dump_text=_read_dump(dump_dir))
+        return CompiledModule(
+            as_text=compiled.as_text(),
+            dump_text=_read_dump(dump_dir, "*after_optimizations.txt") if dump else "",
+            schedule_text=_read_dump(dump_dir, "*.schedule.txt") if schedule else "",
+        )

@@ -18,10 +18,11 @@ from xla_streams.hlo.attributes import (
     Groups,
     decode,
     parse_frontend_attributes,
+    parse_int_list,
     parse_replica_groups,
     parse_source_target_pairs,
 )
-from xla_streams.hlo.text import ScanError
+from xla_streams.hlo.text import ScanError, split_top_level
 
 Policy = Literal["interval", "round-robin"]
 POLICIES: tuple[Policy, ...] = ("interval", "round-robin")
@@ -123,7 +124,11 @@ class StreamModel:
     deviceless, by tools/prove_native_streams.py):
 
     - an async pair runs on ``communication_stream[k]``, k its
-      ``_xla_stream_annotation`` (default 0);
+      ``_xla_stream_annotation`` (default 0), wherever it is: in a computation another
+      execution thread runs too (that thread issues it), and a send/recv chain through
+      a loop's tuple, one pair, where its first start is (read in XLA's source, not
+      measured: ``ExecutionStreamAssignment`` gives only that start, the chain's
+      ``FindCanonicalSendRecvStartOp``, a stream);
     - a pipelined send/recv runs on XLA's own P2P stream;
     - a plain (synchronous) collective runs on the compute stream;
     - a *sync pair* (``is_sync``, or one XLA will make sync after scheduling
@@ -132,6 +137,9 @@ class StreamModel:
       with the limit above 1 runs it as an async thunk on
       ``communication_stream[0]`` (XLA PR 40520), where it takes part in the
       deadlock rule, pinned to stream 0.
+
+    A host transfer (``is_host_transfer=true``) is no device collective: no pair, so
+    no lane.
 
     With ``ffi``, our runtime runs the collectives instead of XLA: every pair
     runs on its assigned stream, and XLA makes none synchronous.
@@ -170,6 +178,8 @@ def device_groups(module: Module, op: Instruction, kind: str) -> Groups:
     if KINDS[kind].groups == "pairs":
         if KINDS[kind].async_form == "p2p":
             pairs = _send_recv_pairs(op)
+        elif op.attribute("slice_sizes") is not None:  # in place: a pair per slice
+            pairs = decode(op, "source_target_pairs", _slice_pairs)
         else:
             pairs = decode(op, "source_target_pairs", parse_source_target_pairs)
         if pairs is None:
@@ -226,6 +236,25 @@ def _send_recv_pairs(op: Instruction) -> tuple[tuple[int, int], ...] | None:
         raise op.error_at_attribute(
             "frontend_attributes", 0, f"bad _xla_send_recv_source_target_pairs: {e.message}"
         ) from None
+
+
+def _slice_pairs(value: str) -> tuple[tuple[int, int], ...]:
+    """The distinct pairs of an in-place permute's ``source_target_pairs`` (its operands:
+    input and output buffers and the offsets of the ``slice_sizes`` slices it moves). It
+    names a pair once per slice, as XLA's verifier allows (``CheckDuplicatedSourceOrTarget``:
+    each device a source, and a target, once per slice)."""
+    if not (value.startswith("{") and value.endswith("}")):
+        raise ScanError(0, "expected '{{source,target},...}'")
+    pairs: dict[tuple[int, int], None] = {}
+    for a, b in split_top_level(value, 1, len(value) - 1):
+        try:
+            pair = parse_int_list(value[a:b])
+        except ScanError as e:
+            raise ScanError(a + e.offset, e.message) from None
+        if len(pair) != 2 or min(pair) < 0:
+            raise ScanError(a, "expected a {source,target} pair of device ids")
+        pairs[(pair[0], pair[1])] = None
+    return tuple(pairs)
 
 
 def _to_device_ids(

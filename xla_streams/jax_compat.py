@@ -216,6 +216,55 @@ def remove_cache_key_component(name: str) -> None:
             del _key_components[name]
 
 
+# -- the persistent compilation cache's lookups and writes -----------------------------
+
+_cache_watched = False  # the wrappers of watch_persistent_cache are installed
+
+
+def watch_persistent_cache(
+    looked_up: Callable[[str, Any, bool], None], written: Callable[[str, str, Any], None]
+) -> None:
+    """Call ``looked_up(key, backend, hit)`` after every lookup in JAX's persistent
+    compilation cache and ``written(key, module_name, backend)`` after every executable
+    JAX writes there, on the thread that compiles; once per process (later calls change
+    nothing). ``jax._src.compiler`` calls ``compilation_cache.get_executable_and_time``
+    and ``put_executable_and_time`` through their module (jax 0.11.2 to 0.12), so wrappers
+    set there are what it calls."""
+    global _cache_watched
+    compilation_cache = _private("jax._src.compilation_cache")
+    with _lock:
+        if _cache_watched:
+            return
+        _cache_watched = True
+        get = compilation_cache.get_executable_and_time
+        put = compilation_cache.put_executable_and_time
+
+        def get_executable_and_time(
+            cache_key: str, compile_options: Any, backend: Any, *args: Any, **kwargs: Any
+        ) -> Any:
+            found = get(cache_key, compile_options, backend, *args, **kwargs)
+            looked_up(cache_key, backend, found[0] is not None)
+            return found
+
+        def put_executable_and_time(
+            cache_key: str, module_name: str, executable: Any, backend: Any, *args: Any,
+            **kwargs: Any,
+        ) -> None:  # fmt: skip
+            put(cache_key, module_name, executable, backend, *args, **kwargs)
+            written(cache_key, module_name, backend)
+
+        compilation_cache.get_executable_and_time = get_executable_and_time
+        compilation_cache.put_executable_and_time = put_executable_and_time
+
+
+def persistent_cache(backend: Any) -> Any:
+    """The cache (``get(key)``, ``put(key, value)``) in which JAX keeps the executables of
+    ``backend``, or None; under the one ``jax_compilation_cache_check_contents`` adds,
+    which would compare what is put with an executable, the cache it wraps."""
+    cache = _private("jax._src.compilation_cache")._get_cache(backend)
+    return getattr(cache, "_base_cache", cache)
+
+
 # -- the devices of a job ------------------------------------------------------------
 
 

@@ -276,7 +276,7 @@ def _check_ensured(p: ModulePass, compilation: Compilation) -> None:
     """The facts a pass claims must be visible in the compilation afterwards."""
     assignment = compilation.assignment
     if Fact.STREAMS_ASSIGNED in p.ensures and (
-        assignment is None or set(assignment.stream_of) != {q.start for q in compilation.pairs}
+        assignment is None or set(assignment.stream_of) != {q.key for q in compilation.pairs}
     ):
         raise PipelineError(
             f"pass '{p.name}' claims a stream assignment but did not assign every pair"

@@ -84,6 +84,9 @@ class ReportSummary:
     sync: int
     pipelined: int
     synchronous_collectives: int
+    # sends and recvs with the host (is_host_transfer=true): no device collectives, so
+    # no pairs and no stream; written when there are some
+    host_transfers: int
     pairs_by_kind: dict[str, int]
     max_in_flight_by_computation: dict[str, int]
 
@@ -100,12 +103,16 @@ class AssignmentReport:
 
     def to_json(self) -> str:
         """The report's file: two-space indents, one collective per line, a final
-        newline; equal reports give equal bytes. Its members are the fields, in order."""
+        newline; equal reports give equal bytes. Its members are the fields, in order
+        (``summary.host_transfers`` only when there are some)."""
+        summary = _members(self.summary)
+        if not summary["host_transfers"]:
+            del summary["host_transfers"]  # added to v2 after its first files
         report = {
             "schema": SCHEMA,
             **_members(self),
             "collectives": [_members(c) for c in self.collectives],
-            "summary": _members(self.summary),
+            "summary": summary,
         }
         return _format(report, 0) + "\n"
 
@@ -208,6 +215,7 @@ def _name(doc: _json.Value) -> str:
 def _read_summary(doc: _json.Value, collectives: Sequence[ReportedCollective]) -> ReportSummary:
     # Added to v2 after its first files: absent, there were none to count.
     plain = doc.get("synchronous_collectives")
+    host = doc.get("host_transfers")
     summary = ReportSummary(
         async_pairs=doc["async_pairs"].integer(0),
         assigned=doc["assigned"].integer(0),
@@ -219,6 +227,7 @@ def _read_summary(doc: _json.Value, collectives: Sequence[ReportedCollective]) -
         sync=doc["sync"].integer(0),
         pipelined=doc["pipelined"].integer(0),
         synchronous_collectives=0 if plain is None else plain.integer(0),
+        host_transfers=0 if host is None else host.integer(0),
         pairs_by_kind=_counts(doc["pairs_by_kind"]),
         max_in_flight_by_computation=_counts(doc["max_in_flight_by_computation"]),
     )
@@ -294,16 +303,16 @@ def build_report(compilation: Compilation) -> AssignmentReport:
             sync=p.sync,
             pipelined=p.pipelined,
             runs_on=p.lane,
-            stream=assignment.stream_of[p.start],
+            stream=assignment.stream_of[p.key],
             calls=len(p.occurrences),
             groups=p.groups,
             bytes=p.bytes,
             serialized_by=_serialized_by(p, assignment),
-            reassigned=assignment.reassigned.get(p.start),
+            reassigned=assignment.reassigned.get(p.key),
         )
         for p in pairs
     )
-    placed = [p for p in pairs if assignment.stream_of[p.start] is not None]
+    placed = [p for p in pairs if assignment.stream_of[p.key] is not None]
     summary = ReportSummary(
         async_pairs=len(pairs),
         assigned=len(placed),
@@ -315,6 +324,7 @@ def build_report(compilation: Compilation) -> AssignmentReport:
         sync=sum(p.sync for p in pairs),
         pipelined=sum(p.pipelined for p in pairs),
         synchronous_collectives=_synchronous_collectives(compilation),
+        host_transfers=_host_transfers(compilation),
         pairs_by_kind=dict(sorted(Counter(p.kind for p in pairs).items())),
         max_in_flight_by_computation=_in_flight_by_computation(compilation, placed),
     )
@@ -328,6 +338,14 @@ def _synchronous_collectives(compilation: Compilation) -> int:
     return sum(1 for inst in instructions if inst.opcode in COLLECTIVE_OPCODES)
 
 
+def _host_transfers(compilation: Compilation) -> int:
+    return sum(
+        1
+        for inst in compilation.module.instructions()
+        if inst.opcode in ("send", "recv") and inst.attribute("is_host_transfer") == "true"
+    )
+
+
 def _assignment(compilation: Compilation) -> StreamAssignment:
     if compilation.assignment is None:
         raise ValueError("the compilation has no stream assignment: run assign-streams first")
@@ -335,9 +353,9 @@ def _assignment(compilation: Compilation) -> StreamAssignment:
 
 
 def _serialized_by(p: AsyncPair, assignment: StreamAssignment) -> SerializedBy | None:
-    if p.start in assignment.serialized_by_rule:
+    if p.key in assignment.serialized_by_rule:
         return "rule"
-    if p.start in assignment.serialized_by_bound:
+    if p.key in assignment.serialized_by_bound:
         return "bound"
     return None
 
@@ -428,6 +446,14 @@ def format_summary(report: AssignmentReport) -> str:
         f"synchronous: {_count(s.sync, 'sync pair')} (async start and done with nothing "
         "between, which XLA runs synchronously), "
         f"{_count(s.synchronous_collectives, 'synchronous collective')} (never async)",
+        *(
+            [
+                f"host transfers: {s.host_transfers} (send/recv to or from the host: not "
+                "device collectives, no stream)"
+            ]
+            if s.host_transfers
+            else []
+        ),
         f"max in flight: {s.max_in_flight}"
         + (f" (by computation: {per_comp})" if per_comp else ""),
         f"serialized: {s.serialized} (all {report.streams} streams busy: "

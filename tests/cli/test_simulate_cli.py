@@ -4,26 +4,32 @@ Run as users run it (a subprocess), except where the Python entry point
 ``simulate_command`` is what is tested. The JSON must read back as a
 ``Prediction`` (schema ``xla_streams.simulate.v1``), which refuses damaged files
 naming the field; XLA's own multi-streaming must be the replay of
-``xla_stream_assignment``; the range must hold the expected value.
+``xla_stream_assignment``; the range must hold the expected value; with XLA's
+schedule dump of the same compile, XLA's own estimate is the one the dump holds.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before anything imports JAX
+
 import pytest
 
+from xla_streams import jax_compat, programs
 from xla_streams.cli.simulate import simulate_command
 from xla_streams.collectives import StreamModel
 from xla_streams.hlo import parse_module
 from xla_streams.simulate import Simulator, get_target, xla_stream_assignment
 from xla_streams.simulate.prediction import SCHEMA, Prediction, PredictionError
+from xla_streams.simulate.xla_estimate import read_schedule
 
 REPO = Path(__file__).resolve().parents[2]
 # Ten all-reduces inside one host, in groups of 4: XLA's table prices them.
@@ -162,6 +168,16 @@ def test_the_file_reads_back_as_the_prediction_it_was(tmp_path: Path) -> None:
     added = json.loads(text)
     added["results"][0]["added_later"] = [1]
     assert Prediction.from_json(json.dumps(added)) == prediction
+    # A file written before xla_estimate was added to v1 reads as not asked for.
+    older = json.loads(text)
+    assert older.pop("xla_estimate") is None
+    assert Prediction.from_json(json.dumps(older)) == prediction
+
+
+_XLA_STEP = {
+    "path": "s.txt", "module": "jit_step", "step_ms": 1.5, "priced_step_ms": 1.0,
+    "kernels_ms": 0.6, "exposed_communication_ms": 0.4, "wasted_ms": {}, "placeholders": [],
+}  # fmt: skip
 
 
 def _broken(change: Any) -> str:
@@ -190,6 +206,10 @@ def _broken(change: Any) -> str:
         (lambda d: d["runs_on"].__setitem__("gpu", 0), "runs_on.gpu: not a place XLA runs a pair"),
         (lambda d: d["target"].pop("gpu"), "target.gpu: missing"),
         (lambda d: d.__setitem__("notes", [3]), "notes[0]: expected a string, got a number (3)"),
+        (lambda d: d.__setitem__("xla_estimate", {**_XLA_STEP, "priced_step_ms": 2.0}),
+         "xla_estimate.priced_step_ms: expected at most step_ms (1.5), got 2.0"),
+        (lambda d: d.__setitem__("xla_estimate", {**_XLA_STEP, "wasted_ms": {"all_gather": -1}}),
+         "xla_estimate.wasted_ms.all_gather: expected a number >= 0"),
     ],
 )  # fmt: skip
 def test_a_damaged_file_is_refused_naming_file_and_field(change: Any, message: str) -> None:
@@ -361,8 +381,90 @@ def test_a_bad_profile_is_a_usage_error_naming_file_and_line(tmp_path: Path) -> 
     assert f"{profile}:2:" in err.getvalue()
 
 
+# -- --xla-schedule ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """tp_dp_2d compiled deviceless with XLA's schedule dumped: the module text and the
+    dump of the same compile."""
+    if jax_compat.cuda_plugin_module() is None:
+        pytest.skip("deviceless GPU compiles need jax[cuda12]")
+    from xla_streams.aot import compile_for_gpu, gpu_topology
+
+    program = programs.PROGRAMS["tp_dp_2d"]
+    fn, args = program.build(gpu_topology("h100", program.num_devices).devices)
+    result = compile_for_gpu(fn, args, dump=False, schedule=True)
+    folder = tmp_path_factory.mktemp("dump")
+    (folder / "jit_step.hlo").write_text(result.as_text)
+    (folder / "jit_step.schedule.txt").write_text(result.schedule_text)
+    return folder / "jit_step.hlo", folder / "jit_step.schedule.txt"
+
+
+def test_xla_schedule_puts_xlas_estimate_beside_ours(
+    compiled: tuple[Path, Path], tmp_path: Path
+) -> None:
+    module, schedule = compiled
+    out = tmp_path / "p.json"
+    result = simulate(module, "--streams=1", f"--xla-schedule={schedule}", f"--json={out}")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    estimate, xla = read_schedule(schedule), report["xla_estimate"]
+    # The figures are the dump's, split as the baseline is: kernels + exposed = the step.
+    assert xla["module"] == estimate.module == report["module"]
+    assert xla["priced_step_ms"] == pytest.approx(estimate.priced_step_us / 1e3)
+    assert xla["step_ms"] == pytest.approx(estimate.step_us / 1e3)
+    assert xla["exposed_communication_ms"] == pytest.approx(estimate.exposed_communication_us / 1e3)
+    assert xla["kernels_ms"] + xla["exposed_communication_ms"] == pytest.approx(
+        xla["priced_step_ms"]
+    )
+    assert 0 < xla["exposed_communication_ms"] == pytest.approx(xla["wasted_ms"]["all_reduce"])
+    assert xla["placeholders"] == []
+    assert Prediction.from_json(out.read_text(), out.name).to_json() == out.read_text()
+    # The text says the same, and where the baseline differs from it.
+    text = result.stdout
+    assert ms(r"^XLA's own estimate .*: step ([0-9.]+) ms", text) == pytest.approx(
+        xla["priced_step_ms"], abs=1e-4
+    )
+    ours_minus_xla = ms(r"^K=1 interval against XLA's estimate: step ([-+0-9.]+) ms", text)
+    assert ours_minus_xla == pytest.approx(report["step_ms"] - xla["priced_step_ms"], abs=1e-4)
+    assert "note: the schedule is of module" not in text
+    # The dump folder is as good as the file in it.
+    by_folder = simulate(module, "--streams=1", f"--xla-schedule={schedule.parent}")
+    assert by_folder.stdout == text
+
+
+def test_a_schedule_of_another_module_is_said_to_be(
+    compiled: tuple[Path, Path], tmp_path: Path
+) -> None:
+    module, schedule = compiled
+    other = tmp_path / "other.schedule.txt"
+    other.write_text(schedule.read_text().replace('name: "jit_step"', 'name: "jit_other"', 1))
+    result = simulate(module, "--streams=1", f"--xla-schedule={other}")
+    assert result.returncode == 0, result.stderr
+    assert "note: the schedule is of module jit_other, not jit_step" in result.stdout
+
+
+def test_a_bad_schedule_is_a_usage_error_naming_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.schedule.txt"
+    bad.write_text("hlo_module { name: 3 }\ncomputation_schedules {\n")
+    assert_usage_error(simulate(TP_DP, f"--xla-schedule={bad}"), f"--xla-schedule: {bad}")
+    assert_usage_error(
+        simulate(TP_DP, f"--xla-schedule={tmp_path / 'empty'}"), "--xla-schedule: ", "empty"
+    )
+    (tmp_path / "folder").mkdir()
+    assert_usage_error(
+        simulate(TP_DP, f"--xla-schedule={tmp_path / 'folder'}"), "no *.schedule.txt files"
+    )
+    err = io.StringIO()
+    assert simulate_command(str(TP_DP), xla_schedule=str(bad), err=err) == 2
+    assert str(bad) in err.getvalue()
+
+
 def test_help_lists_the_new_flags() -> None:
     result = simulate("--help")
     assert result.returncode == 0
-    for flag in ("--perf-table=", "--profile=", "--json=", "xla_streams.simulate.v1"):
+    for flag in (
+        "--perf-table=", "--profile=", "--xla-schedule=", "--json=", "xla_streams.simulate.v1",
+    ):  # fmt: skip
         assert flag in result.stdout, flag

@@ -11,19 +11,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from conftest import ADD_REDUCER
 
 from xla_streams.hlo import HloError, parse_module
 from xla_streams.jax_compat import hlo_bindings
 
-HEAD = """\
-HloModule m, is_scheduled=true, num_partitions=2
-
-%add (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %sum = f32[] add(%a, %b)
-}
-"""
+HEAD = "HloModule m, is_scheduled=true, num_partitions=2\n\n" + ADD_REDUCER
 
 
 def entry(*lines: str) -> str:
@@ -70,9 +63,9 @@ INVALID: dict[str, tuple[str, str, str]] = {
         "'%nosuch' is not defined before '%w'",
     ),
     "operand-of-another-computation": (
-        entry("ROOT %r = f32[8]{0} negate(%a)"),
-        "%a)",
-        "'%a' is not defined before '%r' in computation 'main'",
+        entry("ROOT %r = f32[8]{0} negate(%lhs)"),
+        "%lhs)",
+        "'%lhs' is not defined before '%r' in computation 'main'",
     ),
     "undefined-after-a-comment-holding-a-bracket": (
         entry("%w = f32[8]{0} add(%p /* ) */, %nosuch)", "ROOT %r = f32[8]{0} negate(%w)"),

@@ -20,26 +20,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import hlo_module
 
 from xla_streams.hlo import HloError, Module, parse_module
 from xla_streams.streams import find_async_pairs
 
-BASE = """\
-HloModule m, is_scheduled=true, num_partitions=4
-
-%add (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-
+BASE = hlo_module(
+    "HloModule m, is_scheduled=true, num_partitions=4",
+    """\
 ENTRY %main (p: f32[8]) -> f32[8] {
   %p = f32[8]{0} parameter(0)
   %ars = f32[8]{0} all-reduce-start(%p), channel_id=1, replica_groups=[1,4]<=[4], use_global_device_ids=true, to_apply=%add, backend_config={"collective_backend_config":{"is_sync":false}}
   %neg = f32[8]{0} negate(%p)
   ROOT %ard = f32[8]{0} all-reduce-done(%ars)
 }
-"""
+""",
+)
 LINES = BASE.split("\n")
 START = LINES[10]  # line 11: the all-reduce-start
 NEG = LINES[11]  # line 12
@@ -129,7 +125,11 @@ CASES = [
         BASE[: BASE.rindex("}") - 1],
         13, END, "unexpected end of text: " + CLOSING,
     ),
-    Case("missing-ENTRY", edit("ENTRY %main", "%main"), 15, 1, "expected an ENTRY computation"),
+    Case(
+        "two-ENTRY-computations",  # XLA takes the last computation when none is ENTRY
+        edit("%add (", "ENTRY %add ("),
+        9, 1, "a second ENTRY computation, 'main': the first is 'add' at line 3",
+    ),
     Case(
         "garbage-between-computations",
         edit("\nENTRY", "\nthis is garbage\nENTRY"),

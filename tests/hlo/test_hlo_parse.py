@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import LAYOUT_MODULE
+from conftest import LAYOUT_MODULE, hlo_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -99,7 +99,7 @@ def test_replica_groups_mesh_with_device_ids() -> None:
 
 def test_replica_groups_mesh_with_device_ids_is_one_attribute() -> None:
     """The `, device_ids=` inside the value must not split the attribute list."""
-    text = MODULE_TEMPLATE.format(replica_groups=MESH_DEVICE_IDS)
+    text = MODULE_TEMPLATE.replace("REPLICA_GROUPS", MESH_DEVICE_IDS)
     inst = parse_module(text).entry.get("ar")
     assert inst is not None
     assert inst.attribute("replica_groups") == MESH_DEVICE_IDS
@@ -431,20 +431,16 @@ def test_shape_errors(text: str, offset: int, message: str) -> None:
 
 # -- modules: header, operands, attributes ----------------------------------------
 
-MODULE_TEMPLATE = """\
-HloModule m, is_scheduled=true, num_partitions=8
-
-%add (a: f32[], b: f32[]) -> f32[] {{
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}}
-
-ENTRY %main (p: f32[8]) -> f32[8] {{
-  %p = f32[8]{{0}} parameter(0)
-  ROOT %ar = f32[8]{{0}} all-reduce(%p), channel_id=1, replica_groups={replica_groups}, use_global_device_ids=true, to_apply=%add
-}}
-"""
+# REPLICA_GROUPS stands for a spelling of the groups.
+MODULE_TEMPLATE = hlo_module(
+    "HloModule m, is_scheduled=true, num_partitions=8",
+    """\
+ENTRY %main (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  ROOT %ar = f32[8]{0} all-reduce(%p), channel_id=1, replica_groups=REPLICA_GROUPS, use_global_device_ids=true, to_apply=%add
+}
+""",
+)
 
 HEADER = (
     "HloModule jit_step, is_scheduled=true, entry_computation_layout={(f32[2]{0}, f32[2]{0}, "
@@ -592,11 +588,11 @@ def test_set_attribute_replaces_in_place_and_adds_frontend_attributes_canonicall
 
 
 def test_structure_is_in_text_and_schedule_order() -> None:
-    module = parse_module(MODULE_TEMPLATE.format(replica_groups="{}"))
+    module = parse_module(MODULE_TEMPLATE.replace("REPLICA_GROUPS", "{}"))
     assert [c.name for c in module.computations] == ["add", "main"]
     assert [c.is_entry for c in module.computations] == [False, True]
     assert module.entry.name == "main"
-    assert [i.name for i in module.computation("add").instructions] == ["a", "b", "s"]  # type: ignore[union-attr]
+    assert [i.name for i in module.computation("add").instructions] == ["lhs", "rhs", "sum"]  # type: ignore[union-attr]
     assert [i.line for i in module.instructions()] == [4, 5, 6, 10, 11]
     ar = module.entry.get("ar")
     assert ar is not None and ar.opcode == "all-reduce" and ar.is_root
@@ -678,7 +674,7 @@ def test_replica_groups_with_whitespace_and_comments(text: str, canonical: str) 
 
 def test_replica_groups_with_comments_in_a_module() -> None:
     """The comment's comma does not split the attribute list, and the value decodes."""
-    text = MODULE_TEMPLATE.format(replica_groups="{{0,1,2,3}, /*x, y*/ {4,5,6,7}}")
+    text = MODULE_TEMPLATE.replace("REPLICA_GROUPS", "{{0,1,2,3}, /*x, y*/ {4,5,6,7}}")
     inst = parse_module(text).entry.root
     assert inst.attribute("replica_groups") == "{{0,1,2,3}, /*x, y*/ {4,5,6,7}}"
     assert parse_replica_groups(inst.attributes["replica_groups"]) == ((0, 1, 2, 3), (4, 5, 6, 7))
@@ -809,21 +805,16 @@ def test_tuple_element_operand_errors(operand: str, message: str) -> None:
     assert err.value.line == 7
 
 
-ALL_REDUCE_012 = """\
-HloModule m, is_scheduled=true, num_partitions=4
-
-%add (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-
+ALL_REDUCE_012 = hlo_module(
+    "HloModule m, is_scheduled=true, num_partitions=4",
+    """\
 ENTRY %main (p: (f32[8], s32[])) -> f32[8] {
   %p = (f32[8]{0}, s32[]) parameter(0)
   %ars = ((f32[8]{0}), f32[8]{0}) all-reduce-start(%p#0), channel_id=1, replica_groups=mesh['x'=4] {'x'}, use_global_device_ids=true, to_apply=%add, output_to_operand_aliasing={{1}: (0, {})}, backend_config={"operation_queue_id":"0","wait_on_operation_queues":[],"collective_backend_config":{"is_sync":false,"no_parallel_custom_call":false,"is_pipelined":false,"backend":"DEFAULT"},"force_earliest_schedule":false,"reification_cost":[],"device_type":"DEVICE_TYPE_INVALID"}
   ROOT %ard = f32[8]{0} all-reduce-done(%ars)
 }
-"""
+""",
+)
 
 
 def test_jax_0_12_async_all_reduce() -> None:

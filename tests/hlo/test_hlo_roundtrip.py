@@ -51,6 +51,7 @@ from jaxlib import _hlo
 
 from xla_streams.hlo import HloError, Instruction, Module, parse_module
 from xla_streams.hlo.attributes import parse_frontend_attributes, parse_replica_groups
+from xla_streams.hlo.module import OPCODES
 from xla_streams.hlo.text import find_closing, split_top_level
 from xla_streams.passes.annotate_streams import STREAM_ATTRIBUTE
 from xla_streams.passes.base import Compilation
@@ -120,6 +121,8 @@ _SPELLING = {
     "kClz": "count-leading-zeros",
     "kTopK": "topk",
     "kAtan2": "atan2",
+    "kCos": "cosine",
+    "kSin": "sine",
 }
 _ASYNC = {"kAsyncStart": "async-start", "kAsyncUpdate": "async-update", "kAsyncDone": "async-done"}
 
@@ -168,6 +171,11 @@ def test_opcode_spelling_table_covers_xla() -> None:
     assert TEXT_TO_ENUM["all-reduce-start"] == "kAllReduceStart"
     assert TEXT_TO_ENUM["get-tuple-element"] == "kGetTupleElement"
     assert TEXT_TO_ENUM["async-start"] == "kAsyncStart"
+
+
+def test_the_front_end_knows_xla_opcodes() -> None:
+    """The opcodes the front end reads (an unknown one is refused, as XLA does) are XLA's."""
+    assert set(TEXT_TO_ENUM) == OPCODES
 
 
 # -- attributes of one printed instruction line ---------------------------------

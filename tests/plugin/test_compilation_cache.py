@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -245,3 +246,77 @@ def test_runs_with_other_settings_never_share_an_executable(tmp_path: Path) -> N
             (line,) = started
             assert line.startswith(f"xla_streams: on ({DESCRIBED[name]}), from the environment")
     assert len(set(keys.values())) == len(SETTINGS), keys
+
+
+# -- the reports of modules loaded from the cache ---------------------------------------
+
+
+def read_reports(folder: Path) -> dict[str, str]:
+    """The files of a report directory (not its lock) by name."""
+    return {p.name: p.read_text() for p in sorted(folder.glob("[!.]*"))}
+
+
+@pytest.mark.parametrize("name", ["native round-robin", "ffi round-robin"])
+def test_a_run_on_a_warm_cache_writes_every_module_report(tmp_path: Path, name: str) -> None:
+    """No compile hook runs for an executable loaded from the cache: the modules it was
+    compiled from are kept beside the entry, and their reports written from them."""
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    cache = tmp_path / "cache"
+    runs = []
+    for run in ("cold", "warm"):
+        reports = tmp_path / run
+        seen, stderr = run_child(
+            script, cache, {**SETTINGS[name], "XLA_STREAMS_REPORT_DIR": str(reports)}
+        )
+        assert seen["lookup"] == ("miss" if run == "cold" else "hit"), stderr
+        runs.append((read_reports(reports), stderr))
+    (cold, cold_log), (warm, warm_log) = runs
+    # The same files, index included, byte for byte; and the line says where it came from.
+    assert warm == cold, (cold.keys(), warm.keys())
+    assert [re.sub(r"\.[0-9a-f]{16}\.", ".*.", n) for n in warm] == [
+        "index.json", "index.txt", "jit_step.*.json", "jit_step.*.txt",
+    ]  # fmt: skip
+    (line,) = [line for line in warm_log.splitlines() if "module jit_step:" in line]
+    assert line.endswith(" (from JAX's persistent compilation cache)"), line
+    assert "(from JAX's" not in cold_log and "without the record" not in warm_log
+
+
+def test_a_hit_without_the_kept_modules_says_so(tmp_path: Path) -> None:
+    """An entry whose companion is gone (the cache evicted it, or an older xla-streams wrote
+    the entry): the run says which module has no report, and how to compile it again."""
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    cache = tmp_path / "cache"
+    settings = SETTINGS["native interval"]
+    run_child(script, cache, {**settings, "XLA_STREAMS_REPORT_DIR": str(tmp_path / "cold")})
+    (companion,) = cache.glob("jit_step-*-xla_streams-cache")
+    companion.unlink()
+    seen, stderr = run_child(
+        script, cache, {**settings, "XLA_STREAMS_REPORT_DIR": str(tmp_path / "warm")}
+    )
+    assert seen["lookup"] == "hit"
+    assert not list((tmp_path / "warm").glob("jit_step.*"))
+    (line,) = [line for line in stderr.splitlines() if "without the record" in line]
+    assert line.startswith(
+        "xla_streams: module jit_step came from JAX's persistent compilation cache"
+    )
+    assert f"delete the files named {seen['key']}* in the cache directory" in line
+
+
+def test_the_kept_modules_read_back_and_damage_is_refused() -> None:
+    from xla_streams.plugin import cache
+
+    modules = (cache.CachedModule(b"\x12\x03all", True), cache.CachedModule(b"", False))
+    data = cache.encode(modules)
+    assert cache.decode(data) == modules and cache.decode(cache.encode(())) == ()
+    import zlib
+
+    raw = zlib.decompress(data)
+    for broken, reason in [
+        (data[:-3], "not compressed as one"),  # a write cut short by another process
+        (zlib.compress(raw[:-1]), "truncated"),
+        (zlib.compress(b"something else"), "not a record of xla_streams.cached_modules.v1"),
+    ]:
+        with pytest.raises(ValueError, match=reason):
+            cache.decode(broken)

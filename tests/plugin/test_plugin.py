@@ -797,3 +797,88 @@ def test_log_level_decides_what_the_plugin_prints(tmp_path: Path, level: str, sh
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert ("xla_streams: on (2 collective streams" in result.stderr) == shown, result.stderr
+
+
+# -- CUDA_DEVICE_MAX_CONNECTIONS=1 ----------------------------------------------------------
+# Megatron-style recipes set it: every CUDA stream on one hardware queue, where collectives
+# on several streams can deadlock. The plugin says so once at start-up and keeps one
+# collective stream, unless the user insists (XLA_STREAMS_IGNORE_MAX_CONNECTIONS=1).
+
+ONE_QUEUE = "CUDA_DEVICE_MAX_CONNECTIONS=1 puts every CUDA stream on one hardware queue"
+
+
+@pytest.fixture
+def one_queue(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """CUDA_DEVICE_MAX_CONNECTIONS=1, the plugin off, and its message not said yet."""
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    monkeypatch.setattr(plugin._state, "one_queue_note_given", False)
+    plugin.disable()
+    try:
+        yield
+    finally:
+        plugin.disable()
+
+
+def said(caplog: pytest.LogCaptureFixture) -> list[str]:
+    messages = [r.getMessage() for r in caplog.records]
+    return [m for m in messages if "CUDA_DEVICE_MAX_CONNECTIONS" in m]
+
+
+def test_one_hardware_queue_gets_one_collective_stream_and_one_message(
+    one_queue: None, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from xla_streams._log import logger
+
+    # The plugin's logger does not propagate to the root, where caplog listens (pytest adds
+    # caplog's handler to a logger that does not propagate, where it finds one at set-up).
+    if caplog.handler not in logger.handlers:
+        monkeypatch.setattr(logger, "handlers", [*logger.handlers, caplog.handler])
+    assert plugin.enable(4).collective_streams == 1
+    with plugin.collective_streams(2) as config:  # again, and back: said once
+        assert config.collective_streams == 1
+    (message,) = said(caplog)
+    assert message.startswith(ONE_QUEUE)
+    assert "using 1 collective stream instead of 4" in message
+    assert "XLA_STREAMS_IGNORE_MAX_CONNECTIONS=1" in message
+    # A pipeline that does not write its streams takes the one stream too.
+    spec = "find-async-pairs,assign-streams{policy=round-robin},verify-streams,annotate-streams"
+    assert plugin.enable(4, pipeline=spec).collective_streams == 1
+    # The user insists; or the queues are not one.
+    assert plugin.enable(4, ignore_max_connections=True).collective_streams == 4
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8")
+    assert plugin.enable(4).collective_streams == 4
+    assert len(said(caplog)) == 1
+
+
+def test_a_pipeline_that_writes_more_streams_stops_at_start_up(one_queue: None) -> None:
+    spec = "find-async-pairs,assign-streams{streams=4},verify-streams,annotate-streams"
+    with pytest.raises(ConfigError, match=r"writes streams=4, but CUDA_DEVICE_MAX_CONNECTIONS=1"):
+        plugin.enable(pipeline=spec)
+    assert plugin.current() is None
+    assert plugin.enable(pipeline=spec, ignore_max_connections=True).collective_streams == 4
+
+
+def test_an_unmodified_script_runs_its_collectives_on_one_stream(tmp_path: Path) -> None:
+    """ffi mode, round-robin over 4 streams, five collectives one after the other: all on
+    stream 0, said once; on streams 0, 1, 2, 3, 0 where the user insists."""
+    script = tmp_path / "collectives.py"
+    script.write_text(COLLECTIVES_SCRIPT)
+    settings = {
+        "XLA_STREAMS_COLLECTIVE_STREAMS": "4",
+        "XLA_STREAMS_MODE": "ffi",
+        "XLA_STREAMS_POLICY": "round-robin",
+        "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+    }
+    streams = {}
+    for insist in ("0", "1"):
+        out = tmp_path / f"insist{insist}.npy"
+        extra = {**settings, "XLA_STREAMS_IGNORE_MAX_CONNECTIONS": insist}
+        done = run_python([str(script), str(out)], tmp_path, extra, timeout=300)
+        assert done.returncode == 0, done.stderr
+        text = Path(f"{out}.hlo").read_text()
+        streams[insist] = re.findall(
+            r'custom_call_target="xla_streams_start".*?stream = (\d+)', text
+        )
+        messages = [line for line in done.stderr.splitlines() if ONE_QUEUE in line]
+        assert len(messages) == (1 if insist == "0" else 0), done.stderr
+    assert streams == {"0": ["0"] * 5, "1": ["0", "1", "2", "3", "0"]}

@@ -150,8 +150,8 @@ def test_every_prediction_has_a_range_under_the_stated_errors() -> None:
     assert r.exposed_low <= r.exposed_expected <= r.exposed_high
     names = {b.name for b in r.bounds}
     assert names == {
-        "matmul", "memory", "nvlink", "network", "latency", "table_small", "table_large",
-        "profiled", "interference",
+        "matmul", "matmul_table", "attention", "memory", "nvlink", "network", "latency",
+        "table_small", "table_large", "profiled", "interference",
     }  # fmt: skip
     assert all(b.low <= 1 <= b.high and b.source for b in MODEL_ERRORS if b.name != "interference")
     data = r.to_json()

@@ -1,12 +1,14 @@
-"""The protobuf wire decoder that reads XLA's binary tables and PGLE profiles."""
+"""The protobuf readers: the wire decoder of XLA's binary tables and PGLE profiles, and
+the text format's numbers as XLA writes them."""
 
 from __future__ import annotations
 
+import math
 import struct
 
 import pytest
 
-from xla_streams.simulate.textproto import ProtoError, decode_wire
+from xla_streams.simulate.textproto import ProtoError, decode_wire, parse_text
 
 SCHEMA = {
     "M": {
@@ -53,3 +55,13 @@ def test_fixed_width_fields_read_alone_and_packed() -> None:
 def test_truncated_fixed_width_fields_are_errors(data: bytes, message: str) -> None:
     with pytest.raises(ProtoError, match=message):
         decode_wire(data, SCHEMA, "M")
+
+
+def test_text_numbers_with_a_suffix_and_the_words_for_infinity() -> None:
+    """XLA's schedule dumps write a softmax mask's ``f32s: -inf``: the ``f`` that ends
+    ``inf`` is no float suffix (it once read as ``-in``, a bad number)."""
+    msg = parse_text("a: -inf b: inf c: 1.5f d: 0xf e: nan g: -2e3F h: infinity")
+    values = {name: value for name, value, _ in msg.fields}
+    assert values["a"] == -math.inf and values["b"] == math.inf and values["h"] == math.inf
+    assert values["c"] == 1.5 and values["d"] == 15 and values["g"] == -2000.0
+    assert math.isnan(values["e"])  # type: ignore[arg-type]

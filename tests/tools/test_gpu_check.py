@@ -181,7 +181,7 @@ REPORT = AssignmentReport(
         _collective("all-reduce-start", "all-reduce-done", 1),
         _collective("sync", "sync.done", None),
     ),
-    summary=ReportSummary(3, 2, 2, 2, 0, 0, 0, 1, 0, 0, {"all-reduce": 3}, {"main": 2}),
+    summary=ReportSummary(3, 2, 2, 2, 0, 0, 0, 1, 0, 0, 0, {"all-reduce": 3}, {"main": 2}),
 )
 
 

@@ -116,7 +116,7 @@ def test_only_collectives_inside_one_host_are_scale_up_when_hosts_are_domains() 
 def test_tune_compiles_for_the_cluster_s_shape() -> None:
     result = xla_streams.tune(
         small_build(), devices=16, devices_per_host=8, levers=["overlap-limit"],
-        budget_s=60, jobs=0, cache_dir=False,
+        budget_compiles=10, jobs=0, cache_dir=False,
     )  # fmt: skip
     assert result.topology == "2x1x8"
     assert "(topology 2x1x8)" in result.table()
@@ -199,7 +199,7 @@ def test_a_second_tune_of_an_unchanged_program_compiles_nothing(tmp_path: Path) 
                 small_build(),
                 devices=8,
                 levers=["overlap-limit", "start-early"],
-                budget_s=60,
+                budget_compiles=20,
                 jobs=0,
                 cache_dir=tmp_path,
             )
@@ -208,8 +208,8 @@ def test_a_second_tune_of_an_unchanged_program_compiles_nothing(tmp_path: Path) 
     assert first.compiles == first.evaluated >= 4 and first.cache_hits == 0
     assert second.compiles == 0 and second.cache_hits == first.evaluated
     assert [c.to_json() for c in second.candidates] == [c.to_json() for c in first.candidates]
-    assert "from the cache" not in first.table()
-    assert f"{second.cache_hits} from the cache" in second.table()
+    assert "from the cache" not in first.table().splitlines()[0]
+    assert f"{second.cache_hits} from the cache" in second.table().splitlines()[0]
     # An entry that cannot be read is compiled again.
     assert third.compiles == 1 and third.cache_hits == first.evaluated - 1
 
@@ -246,12 +246,14 @@ def test_worker_processes_compile_what_this_process_compiles() -> None:
 
 def test_jobs_compile_the_batches_in_parallel_with_the_same_result(tmp_path: Path) -> None:
     err = io.StringIO()
-    common = {"levers": ["overlap-limit"], "budget_s": 120, "cache_dir": False}
+    levers = ["overlap-limit", "start-early"]
+    common = {"levers": levers, "budget_compiles": 10, "cache_dir": False}
     alone = xla_streams.tune(small_build(), devices=8, jobs=0, **common)
     together = xla_streams.tune(small_build(), devices=8, jobs=2, progress=err, **common)
-    # The limits 2 and 4 were one batch: announced together, then compiled.
+    # After the joint move (the limit 2 with start-early), the descent's other limits were
+    # one batch: announced together, then compiled.
     lines = err.getvalue().splitlines()
-    announced = [i for i, line in enumerate(lines) if "compile 2:" in line or "compile 3:" in line]
+    announced = [i for i, line in enumerate(lines) if "compile 3:" in line or "compile 4:" in line]
     assert announced == [announced[0], announced[0] + 1]
     assert [c.predicted_step_ms for c in together.candidates] == [
         c.predicted_step_ms for c in alone.candidates

@@ -1,5 +1,5 @@
 """The tuner's two JSON formats round-trip: a tune result (``xla_streams.tune.v1``) and a
-compile cache entry (``xla_streams.tune_cache.v1``) read back as what was written, and an
+compile cache entry (``xla_streams.tune_cache.v2``) read back as what was written, and an
 entry that is not one is a miss. No compile.
 """
 
@@ -14,16 +14,27 @@ import pytest
 from xla_streams import _json
 from xla_streams import xla_options as xo
 from xla_streams.tuning.cache import CACHE_SCHEMA, CompileCache, Compiled, Refused
-from xla_streams.tuning.result import Configuration, TuneError, TuneResult, load_tune_result
+from xla_streams.tuning.compiling import CachedCompiler
+from xla_streams.tuning.result import (
+    Configuration,
+    Dropped,
+    TuneError,
+    TuneResult,
+    XlaOpinion,
+    load_tune_result,
+)
 
 LIMIT, PAG = xo.OVERLAP_LIMIT, xo.PIPELINE["all-gather"]
 
 
 def _result() -> TuneResult:
     """A result with every field the file holds set, to values the file keeps exactly."""
-    base = Configuration({}, 1, "interval", 10.0, 1000, 2.0, step_low_ms=9.0, step_high_ms=12.5)
+    xla = XlaOpinion(9.5, 9.25, 1.5, placeholders=("fusion-start.1",), unpriced=("ag-start",))
+    base = Configuration({}, 1, "interval", 10.0, 1000, 2.0, step_low_ms=9.0, step_high_ms=12.5,
+                         xla=xla)  # fmt: skip
     best = Configuration({LIMIT: 2, PAG: xo.PIPELINING_ON}, 2, "round-robin", 8.0, 1100, 0.5,
-                         step_low_ms=7.25, step_high_ms=11.0)  # fmt: skip
+                         step_low_ms=7.25, step_high_ms=11.0,
+                         xla=XlaOpinion(8.5, 8.25, 0.75))  # fmt: skip
     candidates = (
         Configuration(dict(best.xla_flags), 2, "round-robin", 8.0, 1100, 0.5, compile_s=1.5,
                       by_streams={1: 9.0, 2: 8.0}, step_low_ms=7.25, step_high_ms=11.0),
@@ -36,6 +47,8 @@ def _result() -> TuneResult:
         hbm_bytes=80 << 30, headroom=0.2, verdict="found", reasons=("r",), skipped=("s: why",),
         notes=("n1", "n2"), elapsed_s=12.5, budget_s=60.0, compiles=3, cache_hits=1,
         evaluated=4, guarantee="no change of one lever", topology="2x1x8",
+        dropped=(Dropped({LIMIT: 4, PAG: xo.PIPELINING_ON}, "read", "HloError: <tune>:3:1: x"),),
+        budget_compiles=40, stopped_by="budget_s", second_opinion="agrees: 1.121x by XLA",
     )  # fmt: skip
 
 
@@ -67,8 +80,12 @@ def _doc(data: object) -> _json.Value:
 
 
 def test_a_cache_entry_reads_back_as_written(tmp_path: Path) -> None:
-    compiled = Compiled("HloModule m\n", (1, 2, 0, 4, 3), 1.5)
-    assert Compiled.from_json(_doc(compiled.to_json())) == compiled
+    xla = XlaOpinion(9.5, 9.25, 1.5, ("fusion-start.1",), spans=(("all-gather-start", 128.5, 8),))
+    compiled = Compiled("HloModule m\n", (1, 2, 0, 4, 3), 1.5, xla)
+    again = Compiled.from_json(_doc(compiled.to_json()))
+    assert again == compiled and again.xla is not None and again.xla.spans == xla.spans
+    missing = Compiled("m", (1, 2, 0, 4, 3), 1.5, xla_missing="ScheduleError: bad number")
+    assert Compiled.from_json(_doc(missing.to_json())) == missing
     refused = Refused("INVALID_ARGUMENT: no")
     assert str(Refused.from_json(_doc(refused.to_json()))) == str(refused)
     cache = CompileCache(tmp_path)
@@ -76,7 +93,9 @@ def test_a_cache_entry_reads_back_as_written(tmp_path: Path) -> None:
     cache.store("cd" * 32, refused)
     assert cache.stores == 2
     # What the cache gives back came from it.
-    assert cache.load("ab" * 32) == Compiled("HloModule m\n", (1, 2, 0, 4, 3), 1.5, cached=True)
+    assert cache.load("ab" * 32) == Compiled(
+        "HloModule m\n", (1, 2, 0, 4, 3), 1.5, xla, cached=True
+    )
     again = cache.load("cd" * 32)
     assert isinstance(again, Refused) and str(again) == str(refused)
     assert cache.load("ef" * 32) is None
@@ -85,10 +104,51 @@ def test_a_cache_entry_reads_back_as_written(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "data",
     [
-        {"schema": "xla_streams.tune_cache.v0", "refused": "x"},
-        {"schema": CACHE_SCHEMA, "text": "m", "memory": [1, 2, 3, 4], "compile_s": 1.0},
-        {"schema": CACHE_SCHEMA, "text": "m", "memory": [1, 2, 3, 4, True], "compile_s": 1.0},
-        {"schema": CACHE_SCHEMA, "text": 5, "memory": [1, 2, 3, 4, 5], "compile_s": 1.0},
+        {
+            "schema": "xla_streams.tune_cache.v1",
+            "text": "m",
+            "memory": [1, 2, 3, 4, 5],
+            "compile_s": 1.0,
+        },  # an entry from before XLA's estimate: compiled again
+        {
+            "schema": CACHE_SCHEMA,
+            "text": "m",
+            "memory": [1, 2, 3, 4],
+            "compile_s": 1.0,
+            "xla_estimate": None,
+            "xla_missing": "",
+        },
+        {
+            "schema": CACHE_SCHEMA,
+            "text": "m",
+            "memory": [1, 2, 3, 4, True],
+            "compile_s": 1.0,
+            "xla_estimate": None,
+            "xla_missing": "",
+        },
+        {
+            "schema": CACHE_SCHEMA,
+            "text": 5,
+            "memory": [1, 2, 3, 4, 5],
+            "compile_s": 1.0,
+            "xla_estimate": None,
+            "xla_missing": "",
+        },
+        {
+            "schema": CACHE_SCHEMA,
+            "text": "m",
+            "memory": [1, 2, 3, 4, 5],
+            "compile_s": 1.0,
+            "xla_estimate": {
+                "step_ms": 1.0,
+                "priced_step_ms": 1.0,
+                "exposed_communication_ms": 0.0,
+                "placeholders": [],
+                "unpriced": [],
+                "spans": [["all-gather-start", 1.0]],
+            },
+            "xla_missing": "",
+        },
         {"schema": CACHE_SCHEMA, "refused": 5},
         [],
     ],
@@ -104,3 +164,27 @@ def test_a_cache_entry_that_is_not_one_is_a_miss(tmp_path: Path, data: object) -
         (Refused if isinstance(data, dict) and "refused" in data else Compiled).from_json(
             _doc(data)
         )
+
+
+class _Unread:
+    """A compiler whose compiles carry a schedule this package could not read."""
+
+    workers = 1
+
+    def compile_many(self, options: list[dict[str, object]]) -> list[Compiled]:
+        return [Compiled("m", (1, 2, 0, 4, 3), 1.0, None, "ScheduleError: x: -inf", False)]
+
+    def will_compile(self, options: dict[str, object]) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_compile_whose_schedule_could_not_be_read_is_not_kept(tmp_path: Path) -> None:
+    cache = CompileCache(tmp_path)
+    compiler = CachedCompiler(_Unread(), cache, {"module": "m"})
+    (found,) = compiler.compile_many([{}])
+    assert isinstance(found, Compiled) and found.xla_missing.endswith("-inf")
+    # A later version of the reader may read it: the next tune compiles it again.
+    assert cache.stores == 0 and compiler.will_compile({})

@@ -80,13 +80,14 @@ def test_each_option_has_its_help_its_range_and_its_flag() -> None:
 def test_the_spellings_of_today_still_work() -> None:
     given = _cli_options(
         "--devices=32", "--devices-per-host=4", "--hosts-per-nvlink-domain=0", "--target=h200",
-        "--budget-s=60", "--headroom=0.2", "--levers=scale-up-overlap,overlap-limit",
+        "--budget-s=60", "--budget-compiles=40", "--headroom=0.2",
+        "--levers=scale-up-overlap,overlap-limit",
         "--calibration=cal.json", "--perf-table=t.pbtxt", "--profile=p.pbtxt", "--jobs=2",
         "--cache-dir=none", "--ray=auto", "--script=python step.py",
     )  # fmt: skip
     assert given == TuneOptions(
         devices=32, devices_per_host=4, hosts_per_domain=None, target="h200", budget_s=60.0,
-        headroom=0.2, levers=("scale-up-overlap-limit", "overlap-limit"),
+        budget_compiles=40, headroom=0.2, levers=("scale-up-overlap-limit", "overlap-limit"),
         calibration="cal.json", perf_table="t.pbtxt", profile="p.pbtxt", jobs=2,
         cache_dir=False, ray="auto", script="python step.py",
     )  # fmt: skip
@@ -101,6 +102,8 @@ def test_the_spellings_of_today_still_work() -> None:
     ("keywords", "message"),
     [
         ({"budget_s": 0}, "budget_s must be a positive number of seconds, not 0"),
+        ({"budget_compiles": 0}, "budget_compiles must be a positive integer, not 0"),
+        ({"budget_compiles": 2.5}, "budget_compiles must be a positive integer, not 2.5"),
         ({"headroom": 1.0}, "headroom must be a fraction from 0 to 1, not 1.0"),
         ({"jobs": -1}, "jobs must be an integer from 0 to 256, not -1"),
         ({"streams": (0,)}, f"streams must be integers from 1 to {MAX_STREAMS}, not (0,)"),
@@ -108,7 +111,7 @@ def test_the_spellings_of_today_still_work() -> None:
         ({"levers": ["warp"]}, "levers must be distinct names from: overlap-limit, "),
         ({"levers": ["overlap-limit", "overlap-limit"]}, "levers must be distinct names"),
         ({"levers": "overlap-limit"}, "levers must be distinct names"),
-        ({"target": "tpu"}, "target must be one of h100, h200, a100, not 'tpu'"),
+        ({"target": "tpu"}, "target must be one of h100, h200, a100, b200, not 'tpu'"),
         ({"devices": 0}, "devices must be a positive integer"),
         ({"devices": 70_000}, "at most 65536"),
         ({"devices": 8, "devices_per_host": 16}, "devices_per_host=16 is more than devices=8"),

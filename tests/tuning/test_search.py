@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from xla_streams import xla_options as xo
 from xla_streams.tuning.levers import Facts, Lever, canonical, flags_of, levers
 from xla_streams.tuning.search import (
     MIN_GAIN,
@@ -141,9 +142,44 @@ def test_the_budget_stops_the_search_and_it_claims_nothing() -> None:
 def test_a_budget_spent_in_the_check_says_how_far_it_got() -> None:
     recorded = RecordedPredictions(GRID, budget=20)
     outcome = search(recorded, grid_levers())
-    assert not outcome.certified
-    assert outcome.guarantee.startswith("partial: the budget stopped the check after ")
+    assert not outcome.certified and outcome.stopped_by == "budget_compiles"
+    assert outcome.guarantee.startswith("partial: the compile budget stopped the check after ")
     assert "of the 20 one- and two-lever neighbours" in outcome.guarantee
+    # A compile budget, not the clock, stopped it: the same inputs stop it in the same place.
+    assert "; repeatable: " in outcome.guarantee
+    again = RecordedPredictions(GRID, budget=20)
+    assert search(again, grid_levers()).point == outcome.point
+    assert again.compiled == recorded.compiled
+
+
+def test_the_levers_that_pay_together_are_tried_first() -> None:
+    """Their joint move (the overlap limit at 2, the pipeliners on, double buffering,
+    start-early) is the first candidate: on this grid it is the best, so the smallest
+    budget that compiles anything finds it."""
+    recorded = RecordedPredictions(GRID, budget=2)
+    outcome = search(recorded, grid_levers())
+    best = grid_best()
+    assert recorded.compiled[1] == _key(best.flags)
+    assert outcome.best.step == best.step and outcome.stopped_by == "budget_compiles"
+    # XLA's reduce-scatter pipeliner is on by default: the joint move leaves it there.
+    reduce_scatter = xo.PIPELINE["reduce-scatter"]
+    assert reduce_scatter not in best.flags
+
+
+def test_the_check_reaches_the_levers_that_pay_together_first() -> None:
+    every = {lv.name: lv for lv in levers(SCAN_FACTS)}
+    names = ["overlap-limit", "xla-multi-streaming", "pipeline-all-gather", "double-buffering",
+             "windowed-einsum", "start-early"]  # fmt: skip
+    chosen = [every[name] for name in names]
+    around = neighbours(chosen, tuple(0 for _ in chosen))
+    moved = [{names[i] for i, v in enumerate(p) if v} for p in around]
+    together = {"overlap-limit", "pipeline-all-gather", "double-buffering", "start-early"}
+    first = [m for m in moved if m <= together]
+    # Every change of those levers alone (singles and pairs), then the other levers'.
+    assert moved[: len(first)] == first and len(first) == 2 + 1 + 1 + 1 + (2 + 2 + 2 + 1 + 1 + 1)
+    rest = moved[len(first) :]
+    assert [m for m in rest if len(m) == 1] == rest[:2]  # the other singles, then pairs
+    assert all(m - together for m in rest)
 
 
 @pytest.mark.parametrize(

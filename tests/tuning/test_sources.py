@@ -69,7 +69,7 @@ def _load(path: Path) -> Any:
 def test_a_builder_may_return_a_lowered_and_its_text_tunes_the_same(tmp_path: Path) -> None:
     program = tmp_path / "step.py"
     program.write_text(PROGRAM)
-    common = {"levers": ["overlap-limit"], "budget_s": 60, "jobs": 0, "cache_dir": False}
+    common = {"levers": ["overlap-limit"], "budget_compiles": 10, "jobs": 0, "cache_dir": False}
     direct = xla_streams.tune(_load(program).build, devices=8, program="step", **common)
     # The same program as text, compiled without the program: as_text(debug_info=True)
     # keeps the names, so the schedule is the same (only the metadata differs: where
@@ -252,7 +252,7 @@ def test_a_flax_model_tunes_from_jax_s_own_dump(tmp_path: Path) -> None:
     assert "loss" in run.stdout
     out_json = tmp_path / "tune.json"
     code, _, err = _cli(
-        str(dump), "--devices-per-host=4", "--levers=overlap-limit", "--budget-s=240",
+        str(dump), "--devices-per-host=4", "--levers=overlap-limit", "--budget-compiles=10",
         f"--json={out_json}", "--cache-dir=none",
     )  # fmt: skip
     assert code == 0, err

@@ -34,6 +34,7 @@ from xla_streams.tuning.result import (
     Configuration,
     TuneError,
     TuneResult,
+    XlaOpinion,
     command_line,
     load_tune_result,
 )
@@ -258,13 +259,16 @@ class _FixtureCompiler:
         self.calls: list[dict[str, object]] = []
 
     def compile(self, compiler_options: dict[str, object]) -> CompiledStandIn:
-        self.calls.append(compiler_options)
+        # Every compile also asks XLA for its schedule (its own estimate): no searched option.
+        assert compiler_options["xla_dump_latency_hiding_schedule"] is True
+        searched = {k: v for k, v in compiler_options.items() if k in xla_options.OPTIONS}
+        self.calls.append(searched)
         if compiler_options[DB]:
             raise RuntimeError("INVALID_ARGUMENT: no fixture for these options")
         pipelined = compiler_options[PAG] == ON
         name = "limit4_pipelined" if pipelined else f"limit{compiler_options[LIMIT]}"
         name = name.replace("limit1", "default")
-        temp = 200 << 30 if self.huge(compiler_options) else 1 << 30
+        temp = 200 << 30 if self.huge(searched) else 1 << 30
         return CompiledStandIn(
             (FIXTURES / f"fsdp_scan.{name}.text.hlo").read_text(), temp, resident=100 << 20
         )
@@ -285,16 +289,18 @@ def test_search_keeps_the_defaults_below_the_margin() -> None:
     assert result.compiles == len(compiler.calls) == result.evaluated
     # The stand-in refuses double buffering: the search notes it and goes on.
     assert any("double-buffering=on" in t for t in tried)
-    assert any("refused 4 option set" in n for n in result.notes), result.notes
+    assert any("dropped 4 candidate(s), 4 because XLA refused it" in n for n in result.notes)
     steps = {c.settings: c.predicted_step_ms for c in result.candidates}
     base = result.baseline.predicted_step_ms
-    # The descent kept the limit (it gains MIN_GAIN) and tried the pipeliner from there,
-    # alone and with double buffering; then every one- and two-lever neighbour.
-    assert tried[1:3] == ["overlap-limit=2", "overlap-limit=4"]
-    assert tried[3:5] == [
-        "overlap-limit=2, pipeline-all-gather=on",
+    # First the levers that pay together, all at once (refused: double buffering); then the
+    # descent kept the limit (it gains MIN_GAIN) and tried the pipeliner from there, alone
+    # (with double buffering it was tried already); then every one- and two-lever neighbour.
+    assert tried[1:4] == [
         "overlap-limit=2, pipeline-all-gather=on, double-buffering=on",
+        "overlap-limit=2",
+        "overlap-limit=4",
     ]
+    assert tried[4] == "overlap-limit=2, pipeline-all-gather=on"
     assert "all 9 such neighbours checked" in result.guarantee
     # The best found gains less than the 1% margin: XLA's defaults stay, and why.
     kept = min(steps, key=steps.__getitem__)
@@ -333,13 +339,44 @@ def test_a_configuration_that_does_not_fit_is_never_recommended(
     assert any("do not fit in memory" in r for r in none.reasons), none.reasons
 
 
-def test_the_budget_stops_the_search() -> None:
+def test_a_lever_that_changes_nothing_is_left_out_of_the_recommendation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stand-in compiles start-early to the same module as without it: the joint move
+    sets it with the overlap limit, and nothing after takes it back (that gains nothing)."""
+    monkeypatch.setattr(search, "MIN_SPEEDUP", 0.005)
+    result = _tune_fixtures(_FixtureCompiler(), levers=["overlap-limit", "start-early"])
+    early = xla_options.START_AS_EARLY_AS_POSSIBLE
+    assert result.best.xla_flags == {LIMIT: 2} and early not in result.command
+    assert any(c.xla_flags == {LIMIT: 2, early: True} for c in result.candidates)
+    assert "left out start-early=on: the search's result compiles to the same module" in "\n".join(
+        result.notes
+    )
+
+
+def test_the_time_limit_stops_the_search_and_the_result_says_it_is_not_repeatable() -> None:
     compiler = _FixtureCompiler()
     result = _tune_fixtures(compiler, budget_s=1e-6)
-    assert len(compiler.calls) == 1  # the baseline always; nothing after it fits the budget
-    assert result.best == result.baseline
-    assert any("budget" in n for n in result.notes)
-    assert result.guarantee.startswith("none")
+    assert len(compiler.calls) == 1  # the baseline always; nothing after it fits the limit
+    assert result.best == result.baseline and result.stopped_by == "budget_s"
+    assert any(n.startswith("the time limit (0 s) stopped the search") for n in result.notes)
+    assert result.guarantee.startswith("none") and "; not repeatable: " in result.guarantee
+    assert "not repeatable" in result.table()
+
+
+def test_the_compile_budget_stops_the_search_in_the_same_place_every_time() -> None:
+    runs = []
+    for _ in range(2):
+        compiler = _FixtureCompiler()
+        result = _tune_fixtures(compiler, budget_compiles=3)
+        runs.append((compiler.calls, result))
+    (calls, result), (again, second) = runs
+    # The baseline, then two: dropped candidates (the stand-in refuses double buffering)
+    # count as much as compiled ones.
+    assert len(calls) == result.evaluated == 3 and len(result.dropped) == 1
+    assert result.stopped_by == "budget_compiles" and "; repeatable: " in result.guarantee
+    assert "the compile budget (3 compiles) stopped the search" in "\n".join(result.notes)
+    assert again == calls and second.best == result.best
 
 
 def test_a_calibration_file_reaches_the_simulator(tmp_path: Path) -> None:
@@ -383,7 +420,7 @@ def scan_result() -> TuneResult:
         hosts_per_domain=None,
         levers=["pipeline-all-gather", "double-buffering", "overlap-limit"],
         streams=(1, 2),
-        budget_s=150,
+        budget_compiles=40,
         progress=err,
     )
     assert result.topology == "1x2x8"
@@ -413,11 +450,15 @@ def test_tune_finds_a_faster_configuration_that_fits(scan_result: TuneResult) ->
     assert "<- recommended" in table and "<- baseline" in table and "memory:" in table
     assert "HloModule" in r.best_hlo
     data = _json.loads(r.json_text(), "tune.json", TuneError)
+    assert r.best.xla is not None  # XLA's own estimate of the same compile, beside ours
+    xla = XlaOpinion(*(round(v, 6) for v in (r.best.xla.step_ms, r.best.xla.priced_step_ms,
+                                             r.best.xla.exposed_communication_ms)),
+                     r.best.xla.placeholders, r.best.xla.unpriced)  # fmt: skip
     assert TuneResult.from_json(data).best == Configuration(
         r.best.xla_flags, 2, "interval", round(r.best.predicted_step_ms, 6),
         r.best.peak_memory_bytes, round(r.best.exposed_communication_ms or 0, 6),
         step_low_ms=round(r.best.step_low_ms or 0, 6),
-        step_high_ms=round(r.best.step_high_ms or 0, 6),
+        step_high_ms=round(r.best.step_high_ms or 0, 6), xla=xla,
     )  # fmt: skip
     # Its range: faster than the defaults at both ends (the recommendation rule).
     assert r.best.step_low_ms is not None and r.best.step_high_ms is not None
@@ -437,7 +478,7 @@ def test_tune_keeps_the_defaults_for_a_dependency_chain() -> None:
     from xla_streams import programs
 
     r = xla_streams.tune(
-        programs.fsdp_chain, devices=8, levers=["overlap-limit"], streams=(1, 2), budget_s=60
+        programs.fsdp_chain, devices=8, levers=["overlap-limit"], streams=(1, 2), budget_compiles=10
     )
     assert r.best == r.baseline and r.speedup == 1.0
     assert r.command == "python train.py"
@@ -551,7 +592,7 @@ def test_the_command_tunes_a_program_file(tmp_path: Path) -> None:
     )
     out_json = tmp_path / "tune.json"
     code, out, err = _cli(
-        f"{program}:step", "--devices=8", "--levers=overlap-limit", "--budget-s=60",
+        f"{program}:step", "--devices=8", "--levers=overlap-limit", "--budget-compiles=10",
         f"--json={out_json}", "--target=h200", "--script=python train.py --steps=10",
     )  # fmt: skip
     assert code == 0, err

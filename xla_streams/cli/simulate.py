@@ -3,13 +3,16 @@
     xla-streams simulate IN.hlo --streams=1,2,4,8 --policy=interval,round-robin \\
         --trace=OUT.json --html=OUT.html --json=OUT.json [--target=h100
         --target-file=T.json] [--calibration=C.json] [--perf-table=TABLE.txtpb]
-        [--profile=PGLE.pbtxt] [--overlap-limit=N] [--sync-on-compute]
+        [--profile=PGLE.pbtxt] [--xla-schedule=FILE|DIR] [--overlap-limit=N]
+        [--sync-on-compute]
 
 Besides the what-if table for each K and policy it predicts XLA's own
 collective multi-streaming (``xla_stream_assignment``: streams 0 and 1 in turn,
 in post-order), the range of the K=1 step time when every modelled input is at
-either end of its error bound (``predict_range``), and, with a PGLE profile, how
-much of the step was measured rather than modelled. ``--json`` writes all of it
+either end of its error bound (``predict_range``), with a PGLE profile how much of
+the step was measured rather than modelled, and with XLA's schedule dump of the same
+module (``--xla-schedule``) XLA's own estimate beside ours, split alike into kernels
+and exposed communication. ``--json`` writes all of it
 (:class:`~xla_streams.simulate.prediction.Prediction`, schema ``xla_streams.simulate.v1``).
 
 The command lives here so that ``cli.py`` only registers it (``command_flags``,
@@ -46,7 +49,7 @@ from xla_streams.passes.base import Compilation, Fact
 from xla_streams.simulate.calibration import CalibrationError, load_calibration
 from xla_streams.simulate.execution_streams import MULTI_STREAMING_COMMUNICATION_STREAMS
 from xla_streams.simulate.measured import PerfTableError
-from xla_streams.simulate.prediction import SCHEMA, Prediction
+from xla_streams.simulate.prediction import SCHEMA, Prediction, XlaStep
 from xla_streams.simulate.profile import MeasuredCosts, Profile, ProfileError, load_profile
 from xla_streams.simulate.ranges import PredictionRange, predict_range
 from xla_streams.simulate.simulator import (
@@ -66,6 +69,12 @@ from xla_streams.simulate.targets import (
     with_perf_table,
 )
 from xla_streams.simulate.visual import pictures, run_xla_multi_streaming
+from xla_streams.simulate.xla_estimate import (
+    ScheduleError,
+    XlaEstimate,
+    find_schedule,
+    read_schedule,
+)
 from xla_streams.xla_options import MULTI_STREAMING
 
 STDOUT = "-"  # the CLI's name for standard output
@@ -97,7 +106,8 @@ class Simulation:
     """Everything one run produced; ``trace`` and ``html`` only when pictures were asked
     for. ``xla``: XLA's own multi-streaming replayed (None when not asked for);
     ``range``: the baseline's step time at the ends of the model's error bounds (None
-    when not asked for); ``measured``: the profile's costs, when one was given."""
+    when not asked for); ``measured``: the profile's costs, when one was given;
+    ``xla_estimate``: XLA's own estimate of the module, when its schedule was given."""
 
     what: WhatIf
     table: str
@@ -106,10 +116,17 @@ class Simulation:
     xla: SimResult | None = None
     range: PredictionRange | None = None
     measured: MeasuredCosts | None = None
+    xla_estimate: XlaEstimate | None = None
 
     def prediction(self) -> Prediction:
         """What ``--json`` writes."""
-        return Prediction.of(self.what, xla=self.xla, range_=self.range, measured=self.measured)
+        return Prediction.of(
+            self.what,
+            xla=self.xla,
+            range_=self.range,
+            measured=self.measured,
+            xla_estimate=self.xla_estimate,
+        )
 
 
 # -- flag values ------------------------------------------------------------------------
@@ -182,6 +199,12 @@ def read_profile(path: str) -> Profile:
     return load_profile(path)
 
 
+def read_xla_schedule(path: str) -> XlaEstimate:
+    """``--xla-schedule``: XLA's schedule dump, a ``<module>.schedule.txt`` or the dump
+    folder holding one (ScheduleError, naming the file, when it cannot be read)."""
+    return read_schedule(find_schedule(path) if os.path.isdir(path) else path)
+
+
 # -- the work ---------------------------------------------------------------------------
 
 
@@ -198,13 +221,15 @@ def simulate_module(
     profile: Profile | None = None,
     xla_multi_streaming: bool = True,
     prediction_range: bool = True,
+    xla_estimate: XlaEstimate | None = None,
 ) -> Simulation:
     """The what-if predictions for ``module``, under ``model`` unless ``compilation``
     has its pairs; with ``pictures_for`` (the trace's address for the HTML's link,
     or "" for none) also its trace and HTML. ``profile``: the program's measured
     costs replace the model's where it names an instruction. ``xla_multi_streaming``:
     also replay XLA's own two-stream placement; ``prediction_range``: also the
-    baseline at the ends of the model's error bounds."""
+    baseline at the ends of the model's error bounds; ``xla_estimate``: XLA's own
+    estimate of the module, shown beside the baseline."""
     pairs = compilation.pairs if compilation and Fact.ASYNC_PAIRS in compilation.facts else None
     if progress:
         count = sum(len(c.instructions) for c in module.computations)
@@ -224,10 +249,17 @@ def simulate_module(
         span = predict_range(sim, what.assignments[(what.streams[0], what.policies[0])])
     result = Simulation(
         what,
-        format_what_if(what, xla=xla, range_=span, measured=measured),
+        format_what_if(
+            what,
+            xla=xla,
+            range_=span,
+            measured=measured,
+            xla_estimate=None if xla_estimate is None else XlaStep.of(xla_estimate),
+        ),
         xla=xla,
         range=span,
         measured=measured,
+        xla_estimate=xla_estimate,
     )
     if pictures_for is not None:
         if progress:
@@ -244,10 +276,11 @@ def format_what_if(
     xla: SimResult | None = None,
     range_: PredictionRange | None = None,
     measured: MeasuredCosts | None = None,
+    xla_estimate: XlaStep | None = None,
 ) -> str:
     """The what-if table as aligned text; with ``xla`` XLA's own multi-streaming,
     with ``range_`` the baseline's range, with ``measured`` how much of the step the
-    profile measured."""
+    profile measured, with ``xla_estimate`` XLA's own estimate beside the baseline."""
     base = what.baseline.step_time
     places: dict[str, int] = {}
     for pair in what.pairs:
@@ -307,6 +340,8 @@ def format_what_if(
         )
     if measured is not None:
         lines.append(_measured_line(what.baseline, measured))
+    if xla_estimate is not None:
+        lines += _xla_estimate_lines(what, xla_estimate)
     for policy in what.policies:
         a = what.assignments[(max(what.streams), policy)]
         if a.serialized_by_rule or a.serialized_by_bound:
@@ -329,6 +364,47 @@ def _measured_line(base: SimResult, measured: MeasuredCosts) -> str:
         f"{used} of its {names} instruction names are in this module"
         + (f", {measured.skipped} entries of other modules skipped" if measured.skipped else "")
     )
+
+
+def _xla_estimate_lines(what: WhatIf, estimate: XlaStep) -> list[str]:
+    """XLA's estimate of the module and, split alike, where the baseline differs."""
+    base = what.baseline
+    waits = ", ".join(
+        f"{kind.replace('_', '-')} {ms:.4f} ms"
+        for kind, ms in estimate.communication_wasted_ms.items()
+    )
+    xla = (
+        f"XLA's own estimate ({estimate.path}): step {estimate.priced_step_ms:.4f} ms: kernels "
+        f"{estimate.kernels_ms:.4f} ms, exposed communication "
+        f"{estimate.exposed_communication_ms:.4f} ms"
+    )
+    if waits:
+        xla += f" ({waits})"
+    if estimate.placeholders:
+        xla += (
+            f"; {len(estimate.placeholders)} async pairs it cannot price charged 5 ms each "
+            f"(placeholders, their waits left out: {estimate.step_ms:.4f} ms with them)"
+        )
+    step = _change(base.step_time, estimate.priced_step_ms)
+    kernels = _change(base.compute_time, estimate.kernels_ms)
+    exposed = _change(base.exposed_communication, estimate.exposed_communication_ms)
+    lines = [
+        xla,
+        f"{base.label} against XLA's estimate: step {step}, kernels {kernels}, exposed "
+        f"communication {exposed}",
+    ]
+    if estimate.module != what.module:
+        lines.append(
+            f"note: the schedule is of module {estimate.module}, not {what.module}: "
+            "XLA's estimate is of another compile"
+        )
+    return lines
+
+
+def _change(seconds: float, xla_ms: float) -> str:
+    """Ours (``seconds``) against XLA's (``xla_ms``), as a signed share of XLA's."""
+    ours = seconds * 1e3
+    return f"{ours - xla_ms:+.4f} ms ({ours / xla_ms - 1:+.1%})" if xla_ms > 0 else f"{ours:.4f} ms"
 
 
 def _ratio(base: float, value: float) -> str:
@@ -392,6 +468,12 @@ def command_flags() -> list[flags.Flag]:
             "output says how much of the step was measured."
         ),
         flags.string(
+            "xla-schedule", None, "XLA's latency-hiding schedule of this module (the "
+            "<module>.schedule.txt a compile with xla_dump_to=DIR and "
+            "xla_dump_latency_hiding_schedule=true writes, or DIR): XLA's own estimate of "
+            "the step beside ours, split alike into kernels and exposed communication."
+        ),
+        flags.string(
             "json", None, f"Also write the prediction as JSON (schema {SCHEMA}) to this file "
             "('-': standard output).", metavar="FILE"
         ),
@@ -419,6 +501,7 @@ def run_cli(args: CliArgs) -> int:
     except (FlagListError, TargetError, CalibrationError) as e:
         raise flags.FlagError(str(e)) from None
     table_path, profile_path = args.flag("perf-table"), args.flag("profile")
+    schedule_path = args.flag("xla-schedule")
     try:
         if table_path:
             target = use_perf_table(target, table_path)
@@ -428,6 +511,10 @@ def run_cli(args: CliArgs) -> int:
         profile = read_profile(profile_path) if profile_path else None
     except ProfileError as e:
         raise flags.FlagError(f"--profile: {e}") from None
+    try:
+        estimate = read_xla_schedule(schedule_path) if schedule_path else None
+    except ScheduleError as e:
+        raise flags.FlagError(f"--xla-schedule: {e}") from None
     model = stream_model(args.flag)
     path, text = args.input()
     show = args.flag("progress")
@@ -442,7 +529,7 @@ def run_cli(args: CliArgs) -> int:
     trace, page, report = args.flag("trace"), args.flag("html"), args.flag("json")
     result = simulate_module(
         module, target, ks, ps, model=model, pictures_for=_trace_href(trace, page), progress=say,
-        profile=profile,
+        profile=profile, xla_estimate=estimate,
     )  # fmt: skip
     args.output(trace, result.trace or "")
     args.output(page, result.html or "")
@@ -477,6 +564,7 @@ def simulate_command(
     calibration: str | None = None,
     perf_table: str | None = None,
     profile: str | None = None,
+    xla_schedule: str | None = None,
     model: StreamModel | None = None,
     progress: bool | None = None,
     out: TextIO | None = None,
@@ -490,6 +578,7 @@ def simulate_command(
         ps = parse_policies(policies)
         chosen = resolve_target(target, target_file, calibration, perf_table)
         loaded = read_profile(profile) if profile else None
+        estimate = read_xla_schedule(xla_schedule) if xla_schedule else None
         text = Path(path).read_text(encoding="utf-8")
         show = progress if progress is not None else len(text) >= PROGRESS_BYTES
         say = progress_printer(err) if show else None
@@ -498,7 +587,7 @@ def simulate_command(
         module = parse_module(text, path)
         result = simulate_module(
             module, chosen, ks, ps, model=model, pictures_for=_trace_href(trace, html),
-            progress=say, profile=loaded,
+            progress=say, profile=loaded, xla_estimate=estimate,
         )  # fmt: skip
         report = result.prediction().to_json() if json_path else None
         atomic_write_many(
@@ -510,7 +599,7 @@ def simulate_command(
         )
     except (
         OSError, HloError, TargetError, CalibrationError, FlagListError, PerfTableError,
-        ProfileError,
+        ProfileError, ScheduleError,
     ) as e:  # fmt: skip
         print(f"xla-streams simulate: {e}", file=err)
         return 2

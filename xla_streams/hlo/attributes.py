@@ -101,6 +101,11 @@ def parse_computation_names(value: str) -> tuple[str, ...]:
     start = len(value) - len(value.lstrip(WHITESPACE))
     end = len(value.rstrip(WHITESPACE))
     braced = value.startswith("{", start) and value.endswith("}", start, end) and end > start + 1
+    if braced and "=" in value:
+        raise ScanError(
+            start, "an inline computation ('{...}' holding instructions): this front end reads "
+            "computations defined on their own, before the instructions that call them",
+        )  # fmt: skip
     spans = split_top_level(value, start + 1, end - 1) if braced else [(start, end)]
     names = []
     for a, b in spans:

@@ -1,13 +1,16 @@
 """The IR: a module of computations of instructions, read from and printed to HLO text.
 
-Reading is lazy. ``parse_module`` checks every line's structure (instruction
-head, shape, brackets, duplicate names, one ROOT, names as XLA's lexer reads them,
-no NUL byte) and XLA's define-before-use rule (every operand and control
+Reading is lazy. ``parse_module`` reads the layout XLA prints, a statement a line
+(other layouts XLA reads are first put in it: ``layout.py``), and checks each
+statement's structure (instruction head, shape, opcode, brackets, names unique in
+their computation as XLA scopes them, one ROOT and one ENTRY, names as XLA's lexer
+reads them, no NUL byte) and XLA's define-before-use rule (every operand and control
 predecessor names an earlier instruction of its computation, every called
 computation an earlier computation: no cycle, no recursion), but decodes an
-instruction's attributes only when a pass asks. Untouched lines print back byte
-for byte from the source (CRLF line ends, tabs, comment and blank lines
-included); an edited instruction prints in XLA's canonical form.
+instruction's attributes only when a pass asks. What is untouched prints back byte for
+byte (CRLF line ends, tabs, comment and blank lines included); an edited instruction
+prints in XLA's canonical form (and an edited module that had instructions or
+computations written inside others, all in XLA's layout).
 
 Time and memory are bounded by the size of the text: every scan is linear, and
 counts the text declares (devices) are checked against MAX_DEVICES before
@@ -28,24 +31,60 @@ from xla_streams.hlo.attributes import (
 from xla_streams.hlo.errors import HloError
 from xla_streams.hlo.shape import Shape, parse_shape
 from xla_streams.hlo.text import (
+    NAME,
     WHITESPACE,
     ScanError,
     blank_comments,
+    code_end,
     excerpt,
     find_closing,
+    operand_name,
     parse_int,
     split_top_level,
 )
 
 TYPE_CHECKING = False  # not typing's: the front end imports nothing it need not
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
     from typing import NoReturn
 
-# A name as XLA's lexer reads one (hlo_lexer.cc): a letter or `_`, then letters,
-# digits, `_`, `.` and `-`. So no `/` (a `// x = ...` comment is no instruction), no
-# `#` (`%t#1` refers to tuple element 1 of `%t`), no NUL and nothing non-ASCII.
-NAME = r"[A-Za-z_][A-Za-z0-9_.\-]*"
+    from xla_streams.hlo.layout import Anchors
+
+_NAME = re.compile(NAME)
+# XLA's opcodes as its text spells them (jaxlib 0.12's HloOpcode, checked by a test), and
+# any of them as `op-start`, `op-update`, `op-done`: an async op wrapping it.
+OPCODES = frozenset((
+    "abs", "acos", "acosh", "add", "add-dependency", "after-all", "all-gather",
+    "all-gather-done", "all-gather-start", "all-reduce", "all-reduce-done", "all-reduce-start",
+    "all-to-all", "and", "asin", "asinh", "async-done", "async-start", "async-update", "atan2",
+    "atanh", "batch-norm-grad", "batch-norm-inference", "batch-norm-training", "bitcast",
+    "bitcast-convert", "broadcast", "call", "cbrt", "ceil", "cholesky", "clamp",
+    "collective-broadcast", "collective-permute", "collective-permute-done",
+    "collective-permute-start", "collective-reduce", "compare", "complex", "concatenate",
+    "conditional", "constant", "convert", "convolution", "copy", "copy-done", "copy-start",
+    "cosine", "cosh", "count-leading-zeros", "custom-call", "divide", "domain", "dot",
+    "dynamic-reshape", "dynamic-slice", "dynamic-update-slice", "erf", "exp2", "exponential",
+    "exponential-minus-one", "fft", "floor", "fusion", "gather", "get-dimension-size",
+    "get-tuple-element", "imag", "infeed", "iota", "is-finite", "log", "log-plus-one", "log2",
+    "logistic", "map", "maximum", "minimum", "mulhi", "multiply", "negate", "not", "opt-barrier",
+    "or", "outfeed", "pad", "parameter", "partition-id", "popcnt", "power", "ragged-all-to-all",
+    "ragged-dot", "real", "recv", "recv-done", "reduce", "reduce-precision", "reduce-scatter",
+    "reduce-window", "remainder", "replica-id", "reshape", "reverse", "rng", "rng-bit-generator",
+    "rng-get-and-update-state", "round-nearest-afz", "round-nearest-even", "rsqrt", "scaled-dot",
+    "scan", "scatter", "select", "select-and-scatter", "send", "send-done", "set-dimension-size",
+    "shift-left", "shift-right-arithmetic", "shift-right-logical", "shuffle", "sign", "sine",
+    "sinh", "slice", "sort", "sqrt", "stochastic-convert", "subtract", "tan", "tanh", "topk",
+    "transpose", "triangular-solve", "tuple", "while", "xor",
+))  # fmt: skip
+_ASYNC_WRAPPED = re.compile(r"(.+)-(?:start|update|done)")
+# `name = opcode(`: an instruction XLA infers the shape of (`add = add(%a, %b)`).
+_SHAPELESS = re.compile(rf"[ \t]*(?:ROOT[ \t]+)?%?({NAME})[ \t]*=[ \t]*[a-z][a-z0-9\-]*\(")
+# An instruction, where only attributes may follow on a line of XLA's layout.
+_SECOND_STATEMENT = re.compile(
+    rf"(?:ROOT[ \t]+)?%?{NAME}[ \t]*=[ \t]*(?:\(|[a-z][a-z0-9]*\[|[a-z][a-z0-9\-]*\()"
+)
+# What XLA's parser allows after a computation's closing `}`.
+_COMPUTATION_ATTRIBUTES = ("execution_thread", "backend_config")
 # `[indent][ROOT ]%name = shape opcode(`. A tuple shape never contains `) word(`,
 # so the lazy `\(.*?\)` stops at the shape's own closing parenthesis. Anchored and
 # unambiguous: linear on any line. Then, when no bracket nests in it and no comment
@@ -330,12 +369,14 @@ class Instruction:
             # `[shape] %name[#index...]`, with /*index=N*/ comments anywhere.
             item = blank_comments(source[a:b])
             head, *indices = item.split("#")
-            name = head.rsplit(None, 1)[-1] if head and not head.isspace() else ""
-            at = a + len(head.rstrip(WHITESPACE)) - len(name)
-            if name.startswith("%"):
-                name = name[1:]
-                at += 1
+            start, end = operand_name(head)
+            name, at = head[start:end], a + start
             if not name:
+                if head.rstrip(WHITESPACE).endswith(")"):
+                    raise self._error(
+                        a, f"an instruction nested in operands more deeply than this front end "
+                        f"reads ('{excerpt(item.strip())}')",
+                    )  # fmt: skip
                 raise self._error(a, f"expected an operand '%name', found '{excerpt(item)}'")
             path: list[int] = []
             offset = a + len(head) + 1
@@ -355,15 +396,23 @@ class Instruction:
     def _parse_attributes(self) -> dict[str, str]:
         text = self.source
         start = self._operands_span_end() + 1
-        end = len(text)
+        end = code_end(text, start) if "//" in text else len(text)
         while end > start and text[end - 1] in WHITESPACE:  # "\r" of a CRLF line
             end -= 1
         if start >= end:
             return {}
-        if not text.startswith(", ", start):
+        comma = start
+        while text[comma] in WHITESPACE:  # XLA prints ", "; its lexer skips any spacing
+            comma += 1
+        if text[comma] != ",":
+            if _SECOND_STATEMENT.match(text, comma):
+                raise self._error(
+                    comma, "a second instruction on the line of another: this front end reads "
+                    "one instruction a line (after the operands, expected ', attribute=value')",
+                )  # fmt: skip
             raise self._error(start, "expected ', attribute=value' or end of line after operands")
         try:
-            spans = split_top_level(text, start + 2, end)
+            spans = split_top_level(text, comma + 1, end)
         except ScanError as e:
             raise self._error(e.offset, e.message) from None
         attributes: dict[str, str] = {}
@@ -396,11 +445,7 @@ class Instruction:
         return i + 1 if source.startswith("%", i) else i
 
     def _error(self, offset: int, message: str) -> HloError:
-        module = self.computation.module
-        source = module.source_line(self.line)
-        return HloError(
-            message, path=module.path, line=self.line, column=max(offset, 0) + 1, source_line=source
-        )
+        return self.computation.module.error_at(self.line, self.source, offset, message)
 
 
 class Computation:
@@ -409,6 +454,7 @@ class Computation:
     __slots__ = (
         "_by_name",
         "_trivia",
+        "execution_thread",
         "footer",
         "header",
         "instructions",
@@ -424,6 +470,9 @@ class Computation:
         self.header = header
         self.line = line
         self.is_entry = is_entry
+        # The thread XLA runs it on: `}, execution_thread="..."` (windowed einsum's
+        # parallel GEMMs, host offloading); XLA's main thread when the text names none.
+        self.execution_thread = "main"
         self.instructions: list[Instruction] = []
         self._by_name: dict[str, Instruction] = {}
         # The source text that closes the computation: its `}` line, after any
@@ -491,24 +540,37 @@ class Computation:
 
     def _print(self, out: list[str]) -> None:
         out.append(self.header)
-        if not self._trivia:
+        written = self.module._written
+        if not self._trivia and not written:
             out.extend(inst.text for inst in self.instructions)
         else:
             for inst in self.instructions:
                 out.extend(self._trivia.get(inst.name, ()))
-                out.append(inst.text)
+                out.append(inst.text if inst._edited else written.get(inst, inst.text))
         out.append(self.footer)
 
 
 class Module:
     """A parsed HLO module. ``print()`` gives the text back."""
 
-    def __init__(self, path: str, text: str, lines: list[str]) -> None:
+    def __init__(
+        self,
+        path: str,
+        text: str,
+        lines: list[str],
+        anchors: dict[tuple[int, str], Anchors] | None = None,
+    ) -> None:
         self.path = path
         self._text = text
         self._lines = lines
+        # Where the statements read in XLA's layout came from, by their first source line
+        # and text (none when the text is in XLA's layout: each line is its own statement).
+        self._anchors = anchors or {}
         self.name = ""
         self.header_line = 1
+        self._header = ""  # the `HloModule` statement
+        # How each instruction read in XLA's layout but written otherwise prints untouched.
+        self._written: dict[Instruction, str] = {}
         self.computations: list[Computation] = []
         self._computations_by_name: dict[str, Computation] = {}
         # Printed layout: raw lines and computations, in source order.
@@ -537,8 +599,9 @@ class Module:
         return self.restructured or bool(self.frontend_attribute_edits)
 
     def unique_name(self, base: str) -> str:
-        """``base``, or ``base.N`` for the first N no instruction of the module has (HLO
-        names are unique per module); reserved, so the next call gives another."""
+        """``base``, or ``base.N`` for the first N no instruction of the module has (XLA
+        prints names unique in the module, though it reads them unique per computation);
+        reserved, so the next call gives another."""
         if self._reserved is None:
             self._reserved = {i.name for comp in self.computations for i in comp.instructions}
         name, n = base, 0
@@ -581,6 +644,20 @@ class Module:
         """Source line ``line`` (1-based) for error messages, without a CRLF's "\r"."""
         return self._lines[line - 1].rstrip("\r") if 0 < line <= len(self._lines) else ""
 
+    def error_at(self, line: int, statement: str, offset: int, message: str) -> HloError:
+        """An HloError at ``offset`` characters into ``statement``, read from source line
+        ``line``: there, or where its text was written if XLA's layout put it together."""
+        anchors = self._anchors.get((line, statement))
+        if anchors is not None:
+            line, offset = anchors.locate(offset)
+        return HloError(
+            message,
+            path=self.path,
+            line=line,
+            column=max(offset, 0) + 1,
+            source_line=self.source_line(line),
+        )
+
     def print(self) -> str:
         if not self.changed:
             return self._text  # what every line would print: its source
@@ -594,22 +671,55 @@ class Module:
 
 
 def parse_module(text: str, path: str = "<string>") -> Module:
-    """Parse HLO module text; raises HloError naming path, line and column."""
+    """Parse HLO module text; raises HloError naming path, line and column.
+
+    Text in XLA's printed layout is read line by line. Other text XLA reads too (a
+    test's: indented, an instruction over several lines, spaces in a shape) fails that
+    reading somewhere; it is then read in XLA's layout (``layout.xla_layout``), and
+    errors point back into the source.
+    """
     _check_no_nul(text, path)
     # Split on "\n" only: a CRLF line keeps its "\r", read as trailing whitespace
     # and printed back as it was.
     lines = text.split("\n")
-    module = Module(path, text, lines)
+    try:
+        return _read(Module(path, text, lines), text, lines, range(1, len(lines) + 1), lines)
+    except HloError:
+        # Imported here: XLA's printing never needs it, and each process's start counts.
+        from xla_streams.hlo.layout import xla_layout
+
+        layout = xla_layout(lines)
+        if layout is None:  # the text is in XLA's layout: the error stands
+            raise
+    module = Module(path, text, lines, layout.anchors)
+    statements = layout.statements
+    written = layout.written or statements  # None: edited, it prints in XLA's layout
+    _read(module, "\n".join(statements), statements, layout.lines, written)
+    if layout.written is not None:
+        as_written = {(n, s): w for n, s, w in zip(layout.lines, statements, written, strict=True)}
+        for inst in module.instructions():
+            w = as_written[(inst.line, inst.source)]
+            if w != inst.source:
+                module._written[inst] = w
+    return module
+
+
+def _read(
+    module: Module, text: str, lines: list[str], line_numbers: Sequence[int], written: list[str]
+) -> Module:
+    """The module in ``lines``, one statement each (XLA's layout), where ``lines[i]``
+    starts on source line ``line_numbers[i]`` and prints, untouched, as ``written[i]``;
+    ``text`` is the lines joined."""
     # `//` comment lines (FileCheck RUN/CHECK lines in tests) may precede the header.
     first = 0
     while first < len(lines) - 1 and (
         not lines[first].strip(WHITESPACE) or lines[first].startswith("//")
     ):
-        module._items.append(lines[first])
+        module._items.append(written[first])
         first += 1
     header = lines[first]
     module.name = header[len("HloModule ") :].split(",", 1)[0].strip(WHITESPACE)
-    if not header.startswith(("HloModule ", "HloModule\t")) or not module.name:
+    if not header.startswith(("HloModule ", "HloModule\t")) or not _NAME.fullmatch(module.name):
         message = "expected 'HloModule <name>'"
         if header.startswith(("module @", "module {", "func.func", "#loc")):
             message += (
@@ -617,16 +727,18 @@ def parse_module(text: str, path: str = "<string>") -> Module:
                 "compiled module's HLO text: f.lower(...).compile().as_text(), or the "
                 "*after_optimizations.txt file of an --xla_dump_to dump"
             )
-        raise _line_error(module, first + 1, 0, message)
-    module._items.append(header)
-    module.header_line = first + 1
+        raise module.error_at(line_numbers[first], header, 0, message)
+    module._items.append(written[first])
+    module.header_line = line_numbers[first]
+    module._header = header
     module.header_attributes  # noqa: B018 - validate the header eagerly
-    names: dict[str, int] = {}
+    names: dict[str, int] = {}  # instruction -> line, in the current computation (XLA's scope)
     computation_names: set[str] = set()
     closed: set[str] = set()  # computations defined so far: the ones an instruction may call
     forward: list[_ForwardControl] = []  # control predecessors printed after their user
     defined: set[str] = set()  # instructions of the current computation defined so far
     comp: Computation | None = None
+    entry: Computation | None = None
     root_line = 0  # of the current computation's ROOT instruction
     pending: list[str] = []  # comment and blank lines inside the current computation
     in_section = False
@@ -645,7 +757,7 @@ def parse_module(text: str, path: str = "<string>") -> Module:
     opcodes: dict[str, str] = {}
     for index in range(first + 1, len(lines)):
         line = lines[index]
-        line_no = index + 1
+        line_no = line_numbers[index]
         if comp is not None:
             m = _INSTRUCTION.match(line)
             if m is not None:
@@ -655,8 +767,8 @@ def parse_module(text: str, path: str = "<string>") -> Module:
                 root, name, shape_text, opcode, operands = m.groups()
                 operands_start = m.end(4) + 1
                 if name in names:
-                    raise _line_error(
-                        module, line_no, m.start(2),
+                    raise module.error_at(
+                        line_no, line, m.start(2),
                         f"duplicate instruction name '%{excerpt(name)}' (first defined at "
                         f"line {names[name]})",
                     )  # fmt: skip
@@ -668,13 +780,19 @@ def parse_module(text: str, path: str = "<string>") -> Module:
                     try:
                         parse_shape(shape_text)
                     except ScanError as e:
-                        raise _line_error(
-                            module, line_no, m.start(3) + e.offset, e.message
-                        ) from None
+                        if _SHAPELESS.match(line):  # `%x = add(f32[] %a, ...)`
+                            raise _instruction_error(module, line, line_no) from None
+                        at = m.start(3) + e.offset
+                        raise module.error_at(line_no, line, at, e.message) from None
                     shapes[shape_text] = shape_text
                 if unbalanced and skeletons[index] in unbalanced:
                     _check_brackets(module, line, line_no, operands_start)
-                opcode = opcodes.setdefault(opcode, opcode)
+                known = opcodes.get(opcode)
+                if known is not None:
+                    opcode = known
+                else:
+                    _check_opcode(module, line, line_no, opcode, m.start(4))
+                    opcodes[opcode] = opcode
                 inst = Instruction(
                     comp, line_no, line, name, shape_text, opcode, operands_start, root is not None
                 )
@@ -697,8 +815,8 @@ def parse_module(text: str, path: str = "<string>") -> Module:
                 defined.add(name)
                 if root is not None:
                     if root_line:
-                        raise _line_error(
-                            module, line_no, m.start(1),
+                        raise module.error_at(
+                            line_no, line, m.start(1),
                             f"computation '{comp.name}' has a second ROOT instruction "
                             f"(the first is at line {root_line})",
                         )  # fmt: skip
@@ -708,26 +826,25 @@ def parse_module(text: str, path: str = "<string>") -> Module:
                     pending = []
                 continue
             stripped = line.strip(WHITESPACE)
-            if stripped == "}":
+            if stripped[:1] == "}":
                 if not comp.instructions:
-                    raise _line_error(module, line_no, 0, f"computation '{comp.name}' is empty")
-                comp.footer = "\n".join([*pending, line])
+                    raise module.error_at(line_no, line, 0, f"computation '{comp.name}' is empty")
+                if stripped != "}":  # `}, execution_thread="..."`
+                    _read_computation_attributes(module, comp, line, line_no)
+                comp.footer = "\n".join([*pending, written[index]])
                 if forward:
                     _check_forward_control(comp, forward)
                     forward = []
                 closed.add(comp.name)
                 comp, root_line, pending = None, 0, []
-                defined = set()
+                defined, names = set(), {}
             elif not stripped or stripped.startswith("//"):
-                pending.append(line)  # XLA's lexer skips these; printed back in place
+                pending.append(written[index])  # XLA's lexer skips these; printed in place
             elif line[0] in " \t":
-                raise _line_error(
-                    module, line_no, len(line) - len(line.lstrip(WHITESPACE)),
-                    "expected an instruction '%name = shape opcode(operands)'",
-                )  # fmt: skip
+                raise _instruction_error(module, line, line_no)
             else:
-                raise _line_error(
-                    module, line_no, 0,
+                raise module.error_at(
+                    line_no, line, 0,
                     f"expected an instruction or '}}' closing computation '{comp.name}' "
                     f"(opened at line {comp.line})",
                 )  # fmt: skip
@@ -735,38 +852,53 @@ def parse_module(text: str, path: str = "<string>") -> Module:
         stripped = line.strip(WHITESPACE)
         if not stripped or stripped.startswith("//"):
             in_section = False
-            module._items.append(line)
+            module._items.append(written[index])
         elif stripped in _SECTION_HEADERS:
             in_section = True
-            module._items.append(line)
+            module._items.append(written[index])
         elif in_section and line[0].isdigit():
-            module._items.append(line)
+            module._items.append(written[index])
         elif (m := _computation_header(line)) is not None:
             name = m.group(2)
             if name in computation_names:
-                raise _line_error(
-                    module, line_no, m.start(2), f"duplicate computation '{excerpt(name)}'"
+                raise module.error_at(
+                    line_no, line, m.start(2), f"duplicate computation '{excerpt(name)}'"
                 )
             computation_names.add(name)
-            comp = Computation(module, name, line, line_no, is_entry=m.group(1) is not None)
+            comp = Computation(
+                module, name, written[index], line_no, is_entry=m.group(1) is not None
+            )
+            if comp.is_entry:
+                if entry is not None:
+                    raise module.error_at(
+                        line_no, line, m.start(1),
+                        f"a second ENTRY computation, '{excerpt(name)}': the first is "
+                        f"'{entry.name}' at line {entry.line} (XLA: expects only one ENTRY)",
+                    )  # fmt: skip
+                entry = comp
             module.computations.append(comp)
             module._computations_by_name[name] = comp
             module._items.append(comp)
         else:
-            raise _line_error(
-                module,
+            raise module.error_at(
                 line_no,
+                line,
                 0,
                 "expected a computation header '[ENTRY] %name (params) -> shape {'",
             )
     if comp is not None:
-        raise _line_error(
-            module, len(lines), len(lines[-1]),
+        raise module.error_at(
+            line_numbers[-1], lines[-1], len(lines[-1]),
             f"unexpected end of text: expected '}}' closing computation '{comp.name}' "
             f"(opened at line {comp.line})",
         )  # fmt: skip
-    if not any(c.is_entry for c in module.computations):
-        raise _line_error(module, len(lines), 0, "expected an ENTRY computation")
+    if not module.computations:
+        raise module.error_at(
+            line_numbers[-1], lines[-1], len(lines[-1]),
+            "unexpected end of text: expected a computation '[ENTRY] %name (params) -> shape {'",
+        )  # fmt: skip
+    if entry is None:  # as XLA does: the last computation is the entry
+        module.computations[-1].is_entry = True
     return module
 
 
@@ -798,13 +930,76 @@ def _computation_header(line: str) -> re.Match[str] | None:
     return m if line[close - 1] == ")" else None
 
 
+def _read_computation_attributes(
+    module: Module, comp: Computation, line: str, line_no: int
+) -> None:
+    """The attributes after a computation's `}` (XLA's: execution_thread, backend_config)."""
+    close = line.index("}")
+    rest = line[close + 1 :].lstrip(WHITESPACE)
+    if not rest.startswith(","):
+        at = len(line) - len(rest)
+        raise module.error_at(
+            line_no, line, at, f"expected ', execution_thread=\"...\"' or end of line after '}}' "
+            f"closing computation '{comp.name}'",
+        )  # fmt: skip
+    start = len(line) - len(rest) + 1
+    try:
+        spans = split_top_level(line, start)
+    except ScanError as e:
+        raise module.error_at(line_no, line, e.offset, e.message) from None
+    seen = set()
+    for a, b in spans:
+        key, eq, value = line[a:b].partition("=")
+        if not eq or key not in _COMPUTATION_ATTRIBUTES:
+            raise module.error_at(
+                line_no, line, a, f"unexpected attribute '{excerpt(key)}' of computation "
+                f"'{comp.name}': XLA allows {' and '.join(_COMPUTATION_ATTRIBUTES)}",
+            )  # fmt: skip
+        if key in seen:
+            raise module.error_at(line_no, line, a, f"duplicate attribute '{key}'")
+        seen.add(key)
+        if key == "execution_thread":
+            value = value.strip(WHITESPACE)
+            if len(value) < 2 or value[0] != '"' or value[-1] != '"':
+                raise module.error_at(
+                    line_no, line, a + len(key) + 1,
+                    f"expected a quoted thread name, found '{excerpt(value)}'",
+                )  # fmt: skip
+            comp.execution_thread = value[1:-1]
+
+
+def _instruction_error(module: Module, line: str, line_no: int) -> HloError:
+    """What is wrong with ``line``, in a computation and no instruction as XLA prints one."""
+    indent = len(line) - len(line.lstrip(WHITESPACE))
+    shapeless = _SHAPELESS.match(line)
+    if shapeless is not None:
+        return module.error_at(
+            line_no, line, shapeless.start(1),
+            f"instruction '%{shapeless.group(1)}' has no shape: XLA infers it, this front end "
+            "reads each instruction's shape as XLA prints it ('%name = shape opcode(...)')",
+        )  # fmt: skip
+    return module.error_at(
+        line_no, line, indent, "expected an instruction '%name = shape opcode(operands)'"
+    )
+
+
+def _check_opcode(module: Module, line: str, line_no: int, opcode: str, at: int) -> None:
+    """``opcode`` is XLA's, or an async op wrapping one (`custom-call-start`)."""
+    if opcode in OPCODES:
+        return
+    wrapped = _ASYNC_WRAPPED.fullmatch(opcode)
+    if wrapped is not None and wrapped.group(1) in OPCODES:
+        return
+    raise module.error_at(line_no, line, at, f"unknown opcode '{excerpt(opcode)}'")
+
+
 def _check_brackets(module: Module, line: str, line_no: int, operands_start: int) -> None:
     """The exact bracket scan of an instruction line, run when the cheap count of its
     brackets (_is_balanced) fails: brackets inside quoted strings can make it differ."""
     try:
         split_top_level(line, operands_start - 1)  # from the operand list's own "("
     except ScanError as e:
-        raise _line_error(module, line_no, e.offset, e.message) from None
+        raise module.error_at(line_no, line, e.offset, e.message) from None
 
 
 # (the instruction, the control predecessors it names, where they are written)
@@ -850,9 +1045,12 @@ def _check_attribute_references(
     line = inst.source
     while hit is not None:
         key, name, listed = hit.group(1, 2, 3)
-        if line.find('"', end, hit.start()) >= 0 or (name is None and listed is None):
-            # After a string (which may hold ", to_apply=") or not a plain name or list:
-            # the exact attribute reader decides.
+        if line.find('"', end, hit.start()) >= 0 or (
+            name is None and (listed is None or "=" in listed)
+        ):
+            # After a string (which may hold ", to_apply=") or not a plain name or list
+            # of names (`=` in it: a computation written inline): the exact attribute
+            # reader decides.
             _check_attributes_exactly(inst, defined, closed, forward)
             return
         names = [name] if name is not None else _OPERAND_NAME.findall(listed)
@@ -991,25 +1189,25 @@ def _is_balanced(brackets: bytes) -> bool:
 
 def _parse_header(module: Module) -> dict[str, str]:
     line_no = module.header_line
-    line = module.source_line(line_no)
+    line = module._header
     comma = line.find(",")
     if comma < 0:
         return {}
     try:
         spans = split_top_level(line, comma + 1)
     except ScanError as e:
-        raise _line_error(module, line_no, e.offset, e.message) from None
+        raise module.error_at(line_no, line, e.offset, e.message) from None
     attributes: dict[str, str] = {}
     value_at: dict[str, int] = {}
     for a, b in spans:
         eq = line.find("=", a, b)
         if eq < 0:
-            raise _line_error(
-                module, line_no, a, f"expected 'attribute=value', found '{excerpt(line[a:b])}'"
+            raise module.error_at(
+                line_no, line, a, f"expected 'attribute=value', found '{excerpt(line[a:b])}'"
             )
         key = line[a:eq]
         if key in attributes:
-            raise _line_error(module, line_no, a, f"duplicate attribute '{excerpt(key)}'")
+            raise module.error_at(line_no, line, a, f"duplicate attribute '{excerpt(key)}'")
         attributes[key] = line[eq + 1 : b]
         value_at[key] = eq + 1
     counts = []
@@ -1022,33 +1220,23 @@ def _parse_header(module: Module) -> dict[str, str]:
             except ScanError:
                 count = 0
             if count < 1:
-                raise _line_error(
-                    module, line_no, value_at[key],
+                raise module.error_at(
+                    line_no, line, value_at[key],
                     f"{key} must be a positive integer, found '{excerpt(value)}'",
                 )  # fmt: skip
             if count > MAX_DEVICES:
-                raise _line_error(
-                    module, line_no, value_at[key],
+                raise module.error_at(
+                    line_no, line, value_at[key],
                     f"{key}={count} is more than the {MAX_DEVICES} devices a module may "
                     "address (MAX_DEVICES)",
                 )  # fmt: skip
         counts.append(count)
     replicas, partitions = counts
     if replicas * partitions > MAX_DEVICES:
-        raise _line_error(
-            module, line_no, value_at["num_partitions"],
+        raise module.error_at(
+            line_no, line, value_at["num_partitions"],
             f"replica_count={replicas} x num_partitions={partitions} is more than the "
             f"{MAX_DEVICES} devices a module may address (MAX_DEVICES)",
         )  # fmt: skip
     module._device_counts = (replicas, partitions)
     return attributes
-
-
-def _line_error(module: Module, line_no: int, offset: int, message: str) -> HloError:
-    return HloError(
-        message,
-        path=module.path,
-        line=line_no,
-        column=offset + 1,
-        source_line=module.source_line(line_no),
-    )

@@ -1,4 +1,5 @@
-"""HLO shapes: ``f32[8,128]{1,0}``, ``bf16[<=4]``, tuples ``(s32[], f32[2]{0})``, ``token[]``."""
+"""HLO shapes: ``f32[8,128]{1,0}``, ``bf16[<=4]``, tuples ``(s32[], f32[2]{0})``, ``token[]``,
+buffers ``b(s32[4]{0})``."""
 
 from __future__ import annotations
 
@@ -128,6 +129,13 @@ def _parse(s: str, start: int, end: int, depth: int) -> Shape:
             raise ScanError(start, f"tuple shape nested deeper than {MAX_TUPLE_DEPTH} levels")
         items = split_top_level(s, start + 1, end - 1)
         return Shape(None, (), tuple(_parse(s, a, b, depth + 1) for a, b in items))
+    if s.startswith("b(", start) and s[end - 1] == ")":
+        # A buffer (what custom calls pin and update in place) holds one array: its data is
+        # the array's, so it reads as that array.
+        inner = _parse(s, start + 2, end - 1, depth + 1)
+        if inner.is_tuple:
+            raise ScanError(start + 2, "expected an array shape inside the buffer shape b(...)")
+        return inner
     m = _ARRAY.fullmatch(s, start, end)
     if m is None:
         raise ScanError(

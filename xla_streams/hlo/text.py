@@ -37,10 +37,16 @@ _GROUP = (
 )
 _SKIP_NESTED = re.compile(rf"(?:{_PLAIN}|{_GROUP})*+", re.DOTALL)
 _SKIP_TOP = re.compile(rf'(?:[^"(){{}}\[\],/]++|{_STRING}|/(?!\*)|{_GROUP})*+', re.DOTALL)
+_STRING_OR_LINE_COMMENT = re.compile(rf'{_STRING}|"|//')
 _CLOSER = {"(": ")", "{": "}", "[": "]"}
 _CLOSERS = frozenset(_CLOSER.values())
 # What XLA's lexer skips between tokens (a CRLF file leaves "\r" at line ends).
 WHITESPACE = " \t\r\n"
+# A name as XLA's lexer reads one (hlo_lexer.cc): a letter or `_`, then letters,
+# digits, `_`, `.` and `-`. So no `/` (a `// x = ...` comment is no instruction), no
+# `#` (`%t#1` refers to tuple element 1 of `%t`), no NUL and nothing non-ASCII.
+NAME = r"[A-Za-z_][A-Za-z0-9_.\-]*"
+_NAME = re.compile(NAME)
 INT64_MAX = (1 << 63) - 1
 
 
@@ -128,6 +134,18 @@ def find_closing(s: str, open_index: int, end: int | None = None) -> int:
     )
 
 
+def code_end(s: str, start: int = 0) -> int:
+    """Where a `//` comment (not in a string) starts in ``s[start:]``; else its end."""
+    pos = start
+    while (m := _STRING_OR_LINE_COMMENT.search(s, pos)) is not None:
+        if m.group() == "//":
+            return m.start()
+        if m.group() == '"':
+            break  # a string that never closes: no comment after it
+        pos = m.end()
+    return len(s)
+
+
 def blank_comments(s: str) -> str:
     """``s`` with every ``/*...*/`` replaced by as many spaces, so offsets still hold.
 
@@ -163,6 +181,21 @@ def parse_int(digits: str, offset: int = 0) -> int:
     if len(body) > 19 or int(body) > INT64_MAX:
         raise ScanError(offset, f"integer {digits.strip(WHITESPACE)[:30]} is out of range")
     return int(digits)
+
+
+def operand_name(item: str) -> tuple[int, int]:
+    """The span of the instruction name an operand ends with, its `%` left out: ``%x``,
+    ``x``, or with the shape older XLA printed before it, ``f32[2] %x``, ``(s32[])%x``;
+    an empty span at the end when ``item`` ends with no name."""
+    end = len(item.rstrip(WHITESPACE))
+    words = item.rsplit(None, 1) if end else [""]
+    start = end - len(words[-1].rstrip(WHITESPACE))
+    start += item.startswith("%", start)
+    if _NAME.fullmatch(item, start, end) is None:
+        start = item.rfind("%", 0, end) + 1
+        if start == 0 or _NAME.fullmatch(item, start, end) is None:
+            return end, end
+    return start, end
 
 
 def excerpt(text: str, limit: int = 80) -> str:

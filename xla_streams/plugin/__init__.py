@@ -6,17 +6,22 @@ JAX imports this module through the ``jax_plugins`` entry point and calls
 :mod:`xla_streams.plugin.settings`) an unmodified JAX program then gets, for every
 module XLA compiles, the compile hook of :mod:`xla_streams.plugin.hook`.
 
-Turning it on does three things:
+Turning it on does four things:
 
 1. the XLA options it needs go into ``XLA_FLAGS`` where the user has not set
    them, while XLA has not read it yet: for native mode the overlap limit K
    (without it the scheduler keeps one collective in flight, and there is
    nothing to spread) and K communication streams; from a tune result
-   (``XLA_STREAMS_CONFIG``) its options. Each one added is logged;
+   (``XLA_STREAMS_CONFIG``) its options. Each one added is logged. Where
+   ``CUDA_DEVICE_MAX_CONNECTIONS=1`` puts every stream on one hardware queue, K is
+   one unless the user insists (said once);
 2. the hook is registered for XLA:CPU and the GPU plugins, in a way that
    starts no backend (:mod:`xla_streams.jax_compat`): ``initialize()`` runs
    while JAX holds the lock that backend start-up takes;
-3. a bad setting found by ``initialize()`` is raised when JAX creates its first
+3. the settings go into JAX's persistent cache key, and the modules of each
+   entry written there are kept beside it, for the reports of a later hit
+   (:mod:`xla_streams.plugin.cache`);
+4. a bad setting found by ``initialize()`` is raised when JAX creates its first
    backend, as :class:`StartupError` (a ``SystemExit``), since JAX only logs what
    ``initialize()`` raises.
 
@@ -32,13 +37,13 @@ import shlex
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from xla_streams import __version__, _log, jax_compat, runtime, xla_options
 from xla_streams._log import logger
 from xla_streams.collectives import DEFAULT_STREAMS, StreamModel
-from xla_streams.plugin import hook
+from xla_streams.plugin import cache, hook
 from xla_streams.plugin.settings import Config, ConfigError, ignored_env
 from xla_streams.runtime.abi import ABI_VERSION
 
@@ -78,6 +83,7 @@ class _State:
     xla_flags_added: tuple[str, ...] = ()  # the flags we added, removed by disable()
     late_warning_given: bool = False  # XLA_FLAGS read before we could add to it: said once
     untuned_note_given: bool = False  # the overlap limit raised without a tune result: said once
+    one_queue_note_given: bool = False  # CUDA_DEVICE_MAX_CONNECTIONS=1 kept one stream: said once
 
 
 _lock = threading.RLock()
@@ -149,6 +155,7 @@ def enable(
     timeout_s: float | None = None,
     config: str | os.PathLike[str] | None = None,
     perf_table: str | os.PathLike[str] | None = None,
+    ignore_max_connections: bool | None = None,
 ) -> Config:
     """Turn the plugin on in this process; returns the settings now active.
 
@@ -170,6 +177,7 @@ def enable(
         "timeout_s": timeout_s,
         "config": config,
         "perf_table": perf_table,
+        "ignore_max_connections": ignore_max_connections,
     }
     if collective_streams is None and pipeline is None and config is None:
         values["collective_streams"] = DEFAULT_STREAMS
@@ -226,6 +234,7 @@ def _activate(config: Config, source: str) -> Config:
                 f"cannot create the report directory {config.report_dir}: {e.strerror}",
             ) from None
     _log.configure(config.log)
+    config = _one_stream_on_one_queue(config)
     if config.mode == "ffi":
         _load_ffi_runtime(config, source)
     with _lock:
@@ -237,10 +246,49 @@ def _activate(config: Config, source: str) -> Config:
         _state.cache_key = _cache_key_of(config, _state.model)
     _ensure_registered()
     # What this process compiles with these settings is not what it compiles with
-    # others (or off): each gets its own entries in JAX's persistent cache.
+    # others (or off): each gets its own entries in JAX's persistent cache; what it
+    # loads from there gets its reports all the same.
     jax_compat.add_cache_key_component(HOOK_NAME, _cache_key_component)
+    cache.install(_settings_in_force)
     _say_started(config, source, added, inherited)
     return config
+
+
+# CUDA's variable for how many hardware queues (connections) a process's CUDA streams
+# share; Megatron-style recipes set it to 1.
+MAX_CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
+
+
+def _one_stream_on_one_queue(config: Config) -> Config:
+    """``config`` with one collective stream where CUDA_DEVICE_MAX_CONNECTIONS=1 puts every
+    stream on one hardware queue, unless ``ignore_max_connections``: there an NCCL kernel
+    waiting for its peers blocks the kernels of the other streams queued behind it, so
+    collectives on different streams can deadlock even where the deadlock rule lets them
+    overlap (docs/streams.md). Said once. ConfigError where the user's pipeline writes
+    more streams itself."""
+    streams = config.collective_streams
+    one_queue = os.environ.get(MAX_CONNECTIONS, "").strip() == "1"
+    if not one_queue or streams == 1 or config.ignore_max_connections:
+        return config
+    if config.pipeline is not None and config.pipeline.written("assign-streams", "streams"):
+        raise ConfigError(
+            "pipeline",
+            f"the pipeline '{config.pipeline.text}' writes streams={streams}, but "
+            f"{MAX_CONNECTIONS}=1 puts every CUDA stream on one hardware queue, where "
+            "collectives on several streams can deadlock: write streams=1, or set "
+            f"XLA_STREAMS_IGNORE_MAX_CONNECTIONS=1 (ignore_max_connections=True) to keep {streams}",
+        )
+    if not _state.one_queue_note_given:
+        _state.one_queue_note_given = True
+        logger.warning(
+            "%s=1 puts every CUDA stream on one hardware queue, where collectives on several "
+            "streams can deadlock: using 1 collective stream instead of %d (set "
+            "XLA_STREAMS_IGNORE_MAX_CONNECTIONS=1, or ignore_max_connections=True, to keep %d)",
+            MAX_CONNECTIONS,
+            streams,
+            streams,
+        )
+    return replace(config, collective_streams=1)
 
 
 def _load_ffi_runtime(config: Config, source: str) -> None:
@@ -326,6 +374,12 @@ def _cache_key_of(config: Config, model: StreamModel) -> str:
     if config.mode == "ffi":
         parts.append(f"abi={ABI_VERSION}")
     return ";".join(parts)
+
+
+def _settings_in_force() -> tuple[Config, StreamModel] | None:
+    """The settings and the stream model in force, for the cache's reports; None when off."""
+    with _lock:
+        return None if _state.config is None else (_state.config, _state.model)
 
 
 def _cache_key_component() -> str:
@@ -453,6 +507,7 @@ def _ensure_registered() -> None:
         def callback(serialized: bytes, on_cpu: bool = on_cpu) -> bytes | None:
             if generation != _state.generation:
                 return None  # left over from before a disable()
+            cache.saw_module(serialized, on_cpu=on_cpu)
             return run_hook(serialized, on_cpu=on_cpu)
 
         platforms = ["cpu"] if on_cpu else list(jax_compat.GPU_PLATFORMS)

@@ -12,7 +12,8 @@ serialized ``HloModuleProto``:
 3. what changed goes back to XLA (:func:`back_to_xla`): annotations written
    into XLA's own proto, a restructured module (ffi mode) through XLA's parser;
 4. with a report directory, the module's reports and the index are written
-   (:mod:`xla_streams.report`), after XLA has the module back.
+   (:mod:`xla_streams.report`), after XLA has the module back; for a module JAX
+   loads from its persistent cache, by :func:`report_cached`.
 
 An internal error never breaks a compile unless the settings are strict: it is
 logged with the module's name and the module goes on unchanged.
@@ -121,16 +122,11 @@ def transform(
             out = None
         else:
             name, text = xla_module.module_text(serialized)
-            assignment = xla_module.device_assignment(serialized)
-            devices = assignment.device_ids if assignment is not None else ()
-            passes = pipeline_for(config, on_cpu=on_cpu, model=model, devices=devices)
-            module = parse_module(text, f"<module {name}>")
-            if on_cpu and config.mode == "ffi":
-                crossing = _cross_process_collective(module, assignment)
-                if crossing is not None:
-                    _refuse_cross_process(name, crossing)
-                    return None
-            compilation = PassManager(passes).run(Compilation(module))
+            compilation = _run_passes(
+                serialized, name, text, on_cpu=on_cpu, config=config, model=model
+            )
+            if compilation is None:
+                return None
             out = back_to_xla(serialized, compilation)
             if on_cpu and config.mode == "native":
                 _say_once(
@@ -140,9 +136,7 @@ def transform(
                 )
             # Only once XLA has the module back: a report describes what runs.
             if config.report_dir is not None:
-                # The simulator behind the pictures models GPUs, not XLA:CPU.
-                html = config.report_html and not on_cpu
-                write_module_reports(compilation, text, config, html=html)
+                write_module_reports(compilation, text, config, html=_html(config, on_cpu))
     except Exception as e:
         with _lock:
             _stats.failed += 1
@@ -158,6 +152,58 @@ def transform(
         with _lock:
             _stats.changed += 1
     return out
+
+
+FROM_CACHE = "(from JAX's persistent compilation cache)"  # ends a report's line
+
+
+def report_cached(
+    serialized: bytes, *, on_cpu: bool, config: Config, model: StreamModel
+) -> tuple[str, ...]:
+    """The reports of a module whose executable JAX loaded from its persistent cache
+    (:mod:`xla_streams.plugin.cache`): the pipeline run again over the module the hook was
+    handed when it compiled, which gives the same streams (the settings and the overlap
+    limit are part of the cache key). Returns the paths written; an error is logged with
+    the module's name unless the settings are strict."""
+    assert config.report_dir is not None
+    name = "<unparsed module>"
+    try:
+        name, text = xla_module.module_text(serialized)
+        compilation = _run_passes(serialized, name, text, on_cpu=on_cpu, config=config, model=model)
+        if compilation is None:
+            return ()
+        return write_module_reports(
+            compilation, text, config, html=_html(config, on_cpu), origin=FROM_CACHE
+        )
+    except Exception as e:
+        reason = f"{type(e).__name__}: {e}"
+        if config.strict:
+            raise PluginError(f"xla_streams failed on module {name} {FROM_CACHE}: {reason}") from e
+        logger.warning("no report for module %s %s: %s", name, FROM_CACHE, reason)
+        return ()
+
+
+def _run_passes(
+    serialized: bytes, name: str, text: str, *, on_cpu: bool, config: Config, model: StreamModel
+) -> Compilation | None:
+    """The pipeline of ``config`` over one module (``text``, printed from ``serialized``);
+    None where ffi mode leaves it to XLA (a collective across processes on XLA:CPU)."""
+    assignment = xla_module.device_assignment(serialized)
+    devices = assignment.device_ids if assignment is not None else ()
+    passes = pipeline_for(config, on_cpu=on_cpu, model=model, devices=devices)
+    module = parse_module(text, f"<module {name}>")
+    if on_cpu and config.mode == "ffi":
+        crossing = _cross_process_collective(module, assignment)
+        if crossing is not None:
+            _refuse_cross_process(name, crossing)
+            return None
+    return PassManager(passes).run(Compilation(module))
+
+
+def _html(config: Config, on_cpu: bool) -> bool:
+    """Whether a module's report gets its pictures: the simulator behind them models
+    GPUs, not XLA:CPU."""
+    return config.report_html and not on_cpu
 
 
 def _cross_process_collective(
@@ -251,10 +297,11 @@ def fingerprint(text: str) -> str:
 
 
 def write_module_reports(
-    compilation: Compilation, text: str, config: Config, *, html: bool = False
+    compilation: Compilation, text: str, config: Config, *, html: bool = False, origin: str = ""
 ) -> tuple[str, ...]:
     """The module's reports (and the index; with ``html`` a trace and a timeline),
-    logged in one line; errors are logged unless strict. Returns the paths written."""
+    logged in one line (ending with ``origin``, where the module came from); errors are
+    logged unless strict. Returns the paths written."""
     from xla_streams.report import summary_line, write_reports
 
     assert config.report_dir is not None
@@ -272,7 +319,9 @@ def write_module_reports(
             raise
         logger.warning("cannot write the report of module %s: %s", name, e)
         return ()
-    logger.info("%s; report %s", summary_line(compilation), paths[0])
+    logger.info(
+        "%s; report %s%s", summary_line(compilation), paths[0], f" {origin}" if origin else ""
+    )
     with _lock:
         _stats.reports.append(paths[0])
     return paths

@@ -87,6 +87,8 @@ class Config:
     # XLA's collective performance table (checked to parse): XLA's own scheduler and
     # the reports' simulation price collectives from it.
     perf_table: str | None = None
+    # Keep K streams where CUDA_DEVICE_MAX_CONNECTIONS=1 (else the plugin uses one).
+    ignore_max_connections: bool = False
 
     def __post_init__(self) -> None:
         # Direct construction gets the same checks as the builders, named by keyword.
@@ -415,6 +417,14 @@ SETTINGS: tuple[Setting, ...] = (
         "the HTML reports price collectives from it",
         _parse_perf_table,
         _check_perf_table,
+    ),
+    Setting(
+        "ignore_max_connections",
+        "keep K collective streams under CUDA_DEVICE_MAX_CONNECTIONS=1, which puts every CUDA "
+        "stream on one hardware queue, where collectives on several streams can deadlock (by "
+        f"default the plugin then keeps one; {BOOL_VALUES})",
+        _parse_bool,
+        _check_bool,
     ),
 )
 BY_NAME = {s.name: s for s in SETTINGS}

@@ -2,10 +2,24 @@
 
 Compute (one GPU, on the compute stream):
 
-- a matmul kernel (``dot``, ``convolution``, a fusion whose called computations
-  contain one, e.g. ``kind=kCustom`` Triton gemm fusions, or a cuBLAS/cuDNN
-  ``custom-call``) takes the roofline time
-  ``max(flops / matrix_rate, bytes / memory_bandwidth) + kernel_overhead``;
+- a GEMM (a ``dot``, a GEMM fusion: a fusion whose computation holds one ``dot``,
+  as XLA's Triton ``__triton_gemm``/``gemm_fusion_*`` fusions do, or a cuBLAS
+  ``__cublas$gemm``/``__cublas$lt$matmul`` custom call) takes the time XLA
+  measured for its shape, from XLA's matmul table as XLA's own
+  ``MatmulInterpolator`` looks it up (``matmul.py``); XLA itself reads the table
+  for dots, Triton GEMM fusions and cuBLASLt calls only, the legacy cuBLAS call is
+  the same GEMM; a table rate above the GPU's dense peak is no measurement
+  (``Target.gemm_seconds``);
+- a cuDNN fused-attention call (``__cudnn$fmha*``, forward or backward) takes the
+  time NVIDIA measured for cuDNN flash attention of its shape and mask
+  (``attention.py``);
+- both at least the memory-bound time below (a GEMM fusion may read more than its
+  GEMM: a fused prologue);
+- a matmul kernel without measurements (a target without XLA's tables: A100,
+  GB200's GEMMs; a ``convolution``; a fusion of several dots; other cuBLAS/cuDNN
+  calls) takes the roofline time
+  ``max(flops / matrix_rate, bytes / memory_bandwidth) + kernel_overhead``
+  (an attention call's FLOPs counted as ``attention.py`` counts them);
 - any other kernel (fusions, copies, unfused elementwise ops) is memory bound:
   ``bytes / memory_bandwidth + kernel_overhead``, where ``bytes`` is what it reads
   plus what it writes;
@@ -59,6 +73,20 @@ network) times the protocol's ``bandwidth_fraction``, and per protocol ``base``
 - collective-permute, send, recv, one hop: ``base + a`` (``a_net`` when a pair
   crosses hosts) and ``S`` bytes.
 
+Across hosts, ``B`` depends on how many of the group's GPUs, ``m``, share a host
+(each with its NIC, as in DGX/HGX hosts; ``m`` counted on the group's emptiest
+host), because NCCL lays a ring through a host's GPUs in turn and spreads its
+channels over their NICs: a ring crosses each host boundary once per channel, so a
+GPU sends ``1/m`` of its ring bytes through its NIC and the rest over NVLink. So
+``B = min(m B_net, B_nvlink m/(m-1))`` for rings: 8 GPUs a host give 8 x 47 = 376
+GB/s (nccl-tests: 4 x 8 H100 all-reduce busbw 320 GB/s over RoCE, NVIDIA/nccl#1221;
+"approximately 380 GB/s" multi-node, sjeaugey in NVIDIA/nccl#1649; 192 GB/s for
+DGX A100's 8 x 200 Gb/s, AddyLaddy in NVIDIA/nccl#1576), one GPU a host one NIC's
+47 GB/s. A tree moves its ``2 S`` through the host's ``m`` NICs and along an NVLink
+chain: ``B = min(m B_net, B_nvlink)``. An all-to-all sends the ``(n-m)/n S`` bound
+for other hosts through each GPU's own NIC and ``(m-1)/n S`` over NVLink, whichever
+takes longer.
+
 Of all (algorithm, protocol) candidates the one with the smallest standalone
 time is used, as NCCL's tuner picks: small buffers get LL (and, over many hosts,
 the tree), large ones Simple rings. A group of one device is a local copy.
@@ -72,9 +100,9 @@ most the measured time) and moves its wire bytes in the rest of the measured
 time, so concurrent collectives still share link bandwidth. Elsewhere
 (collectives across hosts, A100) the alpha-beta model stands.
 
-Simplifications: one bottleneck link class per collective (a ring across hosts
-moves all its bytes at network speed); the host of device ``d`` is ``d //
-devices_per_host``.
+Simplifications: one bottleneck link class per collective (a collective across
+hosts shares the NICs' bandwidth with other collectives, not NVLink's); the host of
+device ``d`` is ``d // devices_per_host``; every GPU has a NIC of its own.
 
 A collective's standalone time is ``latency + wire_bytes / B``; the simulator
 runs the latency unshared and the wire bytes through bandwidth shared with
@@ -90,6 +118,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -97,6 +126,8 @@ from xla_streams.collectives import KINDS
 from xla_streams.hlo import Computation, Instruction, Module
 from xla_streams.hlo.attributes import decode, parse_backend_config, parse_int_list
 from xla_streams.hlo.shape import Shape
+from xla_streams.simulate.attention import attention_call
+from xla_streams.simulate.matmul import GemmShape, gemm_shape, gemm_shape_of_call
 from xla_streams.simulate.measured import MIN_BYTES
 from xla_streams.simulate.targets import Target
 from xla_streams.streams import AsyncPair
@@ -130,6 +161,8 @@ _SLICING = frozenset({"dynamic-slice", "slice", "gather"})
 _DUS = "dynamic-update-slice"
 # Kernels that multiply matrices when they are custom calls.
 GEMM_CUSTOM_CALL_PREFIXES = ("__cublas$", "__cudnn$", "__triton_gemm")
+# cuBLAS GEMM calls (xla/service/gpu/cublas_cudnn.cc): XLA's matmul table prices them.
+CUBLAS_GEMM_TARGETS = frozenset({"__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8"})
 CONV_OPCODES = frozenset({"convolution"})
 _CUSTOM_CALL_TARGET = re.compile(r'"([^"]*)"')
 # ``calls=%name`` read straight from the line: decoding every attribute of every
@@ -139,12 +172,16 @@ _CALLS = re.compile(r", calls=%?([^\s,{}()]+)")
 
 @dataclass(frozen=True)
 class OpCost:
-    """The predicted time of one compute instruction and what it is made of."""
+    """The predicted time of one compute instruction and what it is made of.
+    ``error``: the name of the error bound its time carries (``errors.py``): ``matmul``
+    (the roofline), ``matmul_table`` (XLA's GEMM measurements), ``attention``
+    (published attention measurements) or ``memory``."""
 
     seconds: float
     kind: str  # "matmul", "memory" or "free"
     flops: float = 0.0
     bytes: int = 0
+    error: str = ""
 
 
 FREE = OpCost(0.0, "free")
@@ -195,6 +232,14 @@ class CostModel:
         opcode = inst.opcode
         if opcode in FREE_OPCODES:
             return FREE
+        nbytes = self._bytes(inst)
+        target = self.target
+        memory_time = nbytes / target.achievable_memory_bandwidth
+        measured = self._measured(inst)
+        if measured is not None:
+            seconds, flops, error = measured
+            seconds = max(seconds, memory_time + target.kernel_overhead)
+            return OpCost(seconds * target.time_ratio("matmul"), "matmul", flops, nbytes, error)
         flops, element_type = 0.0, ""
         if opcode in ("fusion", ASYNC_FUSION_START):
             flops, element_type = self._called_flops(inst, "calls")
@@ -202,15 +247,44 @@ class CostModel:
             flops, element_type = self._matmul_flops(inst)
         elif opcode == "custom-call":
             flops, element_type = self._custom_call_flops(inst)
-        nbytes = self._bytes(inst)
-        target = self.target
-        memory_time = nbytes / target.achievable_memory_bandwidth
         if flops > 0:
             compute_time = flops / target.matrix_rate(element_type)
             seconds = max(compute_time, memory_time) + target.kernel_overhead
-            return OpCost(seconds * target.time_ratio("matmul"), "matmul", flops, nbytes)
+            ratio = target.time_ratio("matmul")
+            return OpCost(seconds * ratio, "matmul", flops, nbytes, "matmul")
         seconds = memory_time + target.kernel_overhead
-        return OpCost(seconds * target.time_ratio("memory"), "memory", 0.0, nbytes)
+        return OpCost(seconds * target.time_ratio("memory"), "memory", 0.0, nbytes, "memory")
+
+    def _measured(self, inst: Instruction) -> tuple[float, float, str] | None:
+        """(seconds, FLOPs, error bound) of a GEMM or attention kernel from the
+        target's measurements; None where it has none for ``inst``."""
+        opcode = inst.opcode
+        if opcode == "custom-call":
+            target = _call_target(inst)
+            call = attention_call(inst)
+            if call is not None:
+                seconds = self.target.attention_seconds(call)
+                return None if seconds is None else (seconds, call.flops, "attention")
+            if target not in CUBLAS_GEMM_TARGETS:
+                return None
+            gemm = gemm_shape_of_call(inst, _dot_numbers(inst))
+        elif opcode == "dot":
+            gemm = gemm_shape(inst, _first_array(inst.shape))
+        elif opcode == "fusion":
+            gemm = self._gemm_fusion(inst)
+        else:
+            return None
+        seconds = self.target.gemm_seconds(gemm) if gemm is not None else None
+        return None if seconds is None or gemm is None else (seconds, gemm.flops, "matmul_table")
+
+    def _gemm_fusion(self, inst: Instruction) -> GemmShape | None:
+        """A GEMM fusion's key (XLA's ``IsTritonGemm``: one ``dot`` in its computation,
+        typed with the fusion's output)."""
+        comp = self._fused(inst)
+        if comp is None:
+            return None
+        dots = [i for i in comp.instructions if i.opcode == "dot"]
+        return gemm_shape(dots[0], _first_array(inst.shape)) if len(dots) == 1 else None
 
     def _bytes(self, inst: Instruction) -> int:
         """What the kernel reads and writes (see the module docstring)."""
@@ -328,19 +402,17 @@ class CostModel:
         return _conv_flops(inst, rhs, out), element_type
 
     def _custom_call_flops(self, inst: Instruction) -> tuple[float, str]:
-        raw = inst.attribute("custom_call_target") or ""
-        m = _CUSTOM_CALL_TARGET.fullmatch(raw)
-        target = m.group(1) if m else raw
+        target = _call_target(inst)
         operands = _product_operands(inst)
         if not target.startswith(GEMM_CUSTOM_CALL_PREFIXES) or operands is None:
             return 0.0, ""
         lhs, rhs, out, element_type = operands
+        attention = attention_call(inst)
+        if attention is not None:
+            return attention.flops, element_type
         if "conv" in target:
             return _conv_flops(inst, rhs, out), element_type
-        config = decode(inst, "backend_config", parse_backend_config) or {}
-        gemm = config.get("gemm_backend_config", config)
-        numbers = gemm.get("dot_dimension_numbers", {}) if isinstance(gemm, dict) else {}
-        dims = numbers.get("lhs_contracting_dimensions") if isinstance(numbers, dict) else None
+        dims = _dot_numbers(inst).get("lhs_contracting_dimensions")
         if isinstance(dims, list) and dims:
             contracted = math.prod(
                 lhs.dimensions[int(d)] for d in dims if int(d) < len(lhs.dimensions)
@@ -448,11 +520,15 @@ def _model_cost(
     kind: str, groups: tuple[tuple[int, ...], ...], size: int, target: Target
 ) -> CollectiveCost:
     devices = tuple(sorted({d for g in groups for d in g}))
-    n = max((len(g) for g in groups), default=1)
+    largest = max(groups, key=len, default=())
+    n = max(len(largest), 1)
     per_host = target.devices_per_host
-    h = max((len({d // per_host for d in g}) for g in groups), default=1)
+    hosts = Counter(d // per_host for d in largest)
+    h = max(len(hosts), 1)
     network = h > 1
     link = target.link_bandwidth(network)
+    # GPUs of the group on its emptiest host: their NICs carry that host's share.
+    local = min(hosts.values(), default=1)
     if n <= 1:
         # Nothing crosses a link: a local copy (read and write the buffer).
         latency = target.kernel_overhead + 2 * size / target.achievable_memory_bandwidth
@@ -461,8 +537,12 @@ def _model_cost(
         raise ValueError(f"no cost model for collective kind '{kind}'")
     family = KINDS[kind].cost
     best: CollectiveCost | None = None
+    ring_link, tree_link, pairwise_link = link, link, link
+    if network:
+        ring_link, tree_link, pairwise_link = _cross_host_links(n, local, target)
     for name, p in target.protocols.items():
         bandwidth = link * p.bandwidth_fraction
+        ring_bw, tree_bw = ring_link * p.bandwidth_fraction, tree_link * p.bandwidth_fraction
         a_nv, a_net = p.ring_step_latency(False), p.ring_step_latency(True)
         candidates: list[CollectiveCost] = []
         if family == "all-reduce":
@@ -474,24 +554,32 @@ def _model_cost(
             )
             candidates.append(
                 CollectiveCost(
-                    "ring", name, ring_latency, 2 * (n - 1) / n * size, bandwidth, network, devices
+                    "ring", name, ring_latency, 2 * (n - 1) / n * size, ring_bw, network, devices
                 )
             )
             candidates.append(
-                CollectiveCost("tree", name, tree_latency, 2.0 * size, bandwidth, network, devices)
+                CollectiveCost("tree", name, tree_latency, 2.0 * size, tree_bw, network, devices)
             )
         elif family in ("ring", "broadcast"):
             latency = p.ring_base_latency + ((n - 1) - (h - 1)) * a_nv + (h - 1) * a_net
             wire = float(size) if family == "broadcast" else (n - 1) / n * size
             candidates.append(
-                CollectiveCost("ring", name, latency, wire, bandwidth, network, devices)
+                CollectiveCost("ring", name, latency, wire, ring_bw, network, devices)
             )
         elif family == "pairwise":
-            local = n / h
-            latency = p.ring_base_latency + (local - 1) * a_nv + (n - local) * a_net
+            per_host_group = n / h
+            latency = (
+                p.ring_base_latency + (per_host_group - 1) * a_nv + (n - per_host_group) * a_net
+            )
             candidates.append(
                 CollectiveCost(
-                    "pairwise", name, latency, (n - 1) / n * size, bandwidth, network, devices
+                    "pairwise",
+                    name,
+                    latency,
+                    (n - 1) / n * size,
+                    pairwise_link * p.bandwidth_fraction,
+                    network,
+                    devices,
                 )
             )
         else:
@@ -504,6 +592,37 @@ def _model_cost(
                 best = c
     assert best is not None  # targets always have a protocol
     return best
+
+
+def _cross_host_links(n: int, local: int, target: Target) -> tuple[float, float, float]:
+    """The bytes/s per GPU of a group of ``n`` GPUs across hosts, ``local`` of them on
+    a host (each with its own NIC), for the ring, tree and pairwise algorithms'
+    wire bytes (see the module docstring)."""
+    net, nvlink = target.link_bandwidth(True), target.link_bandwidth(False)
+    if local <= 1:
+        return net, net, net
+    ring = min(local * net, nvlink * local / (local - 1))
+    tree = min(local * net, nvlink)
+    # Each GPU sends (n - local)/n of its buffer over its own NIC, (local - 1)/n over
+    # NVLink; the wire bytes are (n - 1)/n of it.
+    seconds = max((n - local) / net, (local - 1) / nvlink)
+    return ring, tree, (n - 1) / seconds
+
+
+def _call_target(inst: Instruction) -> str:
+    """A custom call's ``custom_call_target``, unquoted."""
+    raw = inst.attribute("custom_call_target") or ""
+    m = _CUSTOM_CALL_TARGET.fullmatch(raw)
+    return m.group(1) if m else raw
+
+
+def _dot_numbers(inst: Instruction) -> dict[str, object]:
+    """A cuBLAS call's ``dot_dimension_numbers`` (its backend config's
+    ``gemm_backend_config``); empty when it has none."""
+    config = decode(inst, "backend_config", parse_backend_config) or {}
+    gemm = config.get("gemm_backend_config", config)
+    numbers = gemm.get("dot_dimension_numbers", {}) if isinstance(gemm, dict) else {}
+    return numbers if isinstance(numbers, dict) else {}
 
 
 def _through_bitcasts(inst: Instruction) -> Instruction | None:

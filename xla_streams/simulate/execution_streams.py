@@ -125,11 +125,11 @@ def xla_stream_assignment(
     stream_of: dict[str, int | None] = {}
     for p in pairs:
         if not p.needs_stream:
-            stream_of[p.start] = None
+            stream_of[p.key] = None
         elif p.sync:
-            stream_of[p.start] = 0  # XLA 0.10.2 with a limit above 1: an async thunk on 0
+            stream_of[p.key] = 0  # XLA 0.10.2 with a limit above 1: an async thunk on 0
         else:
-            stream_of[p.start] = found.get(p.start, 0) % streams
+            stream_of[p.key] = found.get(p.start, 0) % streams
     return StreamAssignment(streams=streams, policy="round-robin", stream_of=stream_of)
 
 

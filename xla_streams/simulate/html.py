@@ -448,7 +448,7 @@ def _assignment_table(what: WhatIf) -> str:
         ]
         for key in configs:
             assignment = what.assignments[key]
-            stream = assignment.stream_of.get(pair.start)
+            stream = assignment.stream_of.get(pair.key)
             if pair.lane != "communication" or stream is None:
                 text = "compute" if pair.lane == "compute" else "p2p"
             else:

@@ -444,7 +444,7 @@ def parse_perf_table(text: str, path: str = "<string>", *, lazy: bool = False) -
     from column 0 to a ``}`` in column 0) is split by GPU kind now and each part parsed
     when first used."""
     if lazy:
-        sections = _sections(text)
+        sections = device_sections(text)
         if sections is not None:
             return PerfTable(path, pending=sections)
     root = _parse(text, path)
@@ -504,7 +504,7 @@ _SECTION = re.compile(r'^entries \{\n\s*key: "([^"\n]+)"\n', re.MULTILINE)
 _SECTION_END = re.compile(r"^\}[ \t]*$", re.MULTILINE)
 
 
-def _sections(text: str) -> dict[str, tuple[str, int]] | None:
+def device_sections(text: str) -> dict[str, tuple[str, int]] | None:
     """Each GPU kind's ``entries { ... }`` block with the line it starts on, if the text
     is laid out as XLA writes it (None otherwise: then it is parsed whole)."""
     sections: dict[str, tuple[str, int]] = {}
@@ -563,17 +563,24 @@ def _looks_like_text(data: bytes) -> bool:
     return all(c.isprintable() or c in "\n\r\t" for c in head)
 
 
+def device_entry(entry: Message, path: str) -> tuple[str, Message]:
+    """A table's top-level ``entries { key: "sm_90" value { ... } }``: the GPU kind and
+    its value (XLA's collective and matmul tables both map GPU kinds so)."""
+    device = entry.string("key")
+    value = entry.message("value")
+    if not device or value is None:
+        raise PerfTableError(
+            "a top-level 'entries' needs a 'key' (the GPU, e.g. \"sm_90\") and a 'value'",
+            path=path,
+            line=entry.line,
+        )
+    return device, value
+
+
 def _measurements(root: Message, path: str) -> list[Measurement]:
     measurements: list[Measurement] = []
-    for device_entry in root.messages("entries"):
-        device = device_entry.string("key")
-        profiles = device_entry.message("value")
-        if not device or profiles is None:
-            raise PerfTableError(
-                "a top-level 'entries' needs a 'key' (the GPU, e.g. \"sm_90\") and a 'value'",
-                path=path,
-                line=device_entry.line,
-            )
+    for entry in root.messages("entries"):
+        device, profiles = device_entry(entry, path)
         for profile in profiles.messages("entries"):
             measurements.append(_measurement(device, profile, path))
     if not measurements:

@@ -9,7 +9,8 @@ docs/formats.md.
 ``step_ms``, ``compute_only_ms`` and ``exposed_communication_ms`` are the baseline's
 (the smallest K under the first policy: one stream, what XLA does); ``results`` has
 every (K, policy); ``bounds`` the rule and lower bounds; ``xla_multi_streaming``,
-``range`` and ``profile`` are null when not predicted.
+``range`` and ``profile`` are null when not predicted, ``xla_estimate`` (XLA's own
+estimate of the same module, from its schedule dump) when not asked for.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from xla_streams.simulate.measured import default_perf_table
 from xla_streams.simulate.profile import MeasuredCosts
 from xla_streams.simulate.ranges import PredictionRange
 from xla_streams.simulate.simulator import SimResult, WhatIf
+from xla_streams.simulate.xla_estimate import COMMUNICATION_WASTE, XlaEstimate
 
 SCHEMA = "xla_streams.simulate.v1"
 RUNS_ON: tuple[Lane, ...] = get_args(Lane)
@@ -151,6 +153,45 @@ class ProfileSummary:
 
 
 @dataclass(frozen=True)
+class XlaStep:
+    """XLA's own estimate of the module (``xla_estimate``), beside the simulator's
+    baseline: its step as scheduled and without the waits on its placeholders (the
+    async pairs it charges a flat 5 ms, named by their starts), split as the baseline is
+    into kernels and exposed communication, and the scheduler's wasted time by kind."""
+
+    path: str
+    module: str
+    step_ms: float
+    priced_step_ms: float
+    kernels_ms: float
+    exposed_communication_ms: float
+    wasted_ms: dict[str, float]
+    placeholders: tuple[str, ...]
+
+    @classmethod
+    def of(cls, estimate: XlaEstimate) -> XlaStep:
+        wasted: dict[str, float] = {}
+        for c in estimate.computations:
+            for kind, us in c.wasted_us.items():
+                wasted[kind] = wasted.get(kind, 0.0) + us * c.runs / 1e3
+        return cls(
+            path=estimate.path,
+            module=estimate.module,
+            step_ms=estimate.step_us / 1e3,
+            priced_step_ms=estimate.priced_step_us / 1e3,
+            kernels_ms=sum(c.busy_us * c.runs for c in estimate.computations) / 1e3,
+            exposed_communication_ms=estimate.exposed_communication_us / 1e3,
+            wasted_ms={k: v for k, v in sorted(wasted.items()) if v > 0},
+            placeholders=tuple(p.start for p in estimate.placeholders),
+        )
+
+    @property
+    def communication_wasted_ms(self) -> dict[str, float]:
+        """The wasted time of the communication kinds (the rest is fusions', calls')."""
+        return {k: v for k, v in self.wasted_ms.items() if k in COMMUNICATION_WASTE}
+
+
+@dataclass(frozen=True)
 class Prediction:
     """What ``xla-streams simulate --json`` writes: schema ``xla_streams.simulate.v1``."""
 
@@ -169,6 +210,7 @@ class Prediction:
     range: StepRange | None
     profile: ProfileSummary | None
     notes: tuple[str, ...]
+    xla_estimate: XlaStep | None = None
 
     @classmethod
     def of(
@@ -178,9 +220,11 @@ class Prediction:
         xla: SimResult | None = None,
         range_: PredictionRange | None = None,
         measured: MeasuredCosts | None = None,
+        xla_estimate: XlaEstimate | None = None,
     ) -> Prediction:
         """The prediction of ``what``, with XLA's own multi-streaming, the baseline's
-        range and the profile's share when they were simulated."""
+        range and the profile's share when they were simulated, and XLA's own estimate
+        of the module when its schedule dump was given."""
         base, target = what.baseline, what.target
         baseline = Baseline.of(base)
         table: str | None = None
@@ -252,11 +296,13 @@ class Prediction:
             range=span,
             profile=profile,
             notes=(*what.notes, *what.non_monotone()),
+            xla_estimate=None if xla_estimate is None else XlaStep.of(xla_estimate),
         )
 
     def to_json(self) -> str:
         """The file: indented, ASCII, a final newline."""
         t, span, profile, xla = self.target, self.range, self.profile, self.xla_multi_streaming
+        estimate = self.xla_estimate
         return _json.dumps(
             {
                 "schema": SCHEMA,
@@ -315,6 +361,18 @@ class Prediction:
                     "skipped": profile.skipped,
                 },
                 "notes": list(self.notes),
+                "xla_estimate": None
+                if estimate is None
+                else {
+                    "path": estimate.path,
+                    "module": estimate.module,
+                    "step_ms": estimate.step_ms,
+                    "priced_step_ms": estimate.priced_step_ms,
+                    "kernels_ms": estimate.kernels_ms,
+                    "exposed_communication_ms": estimate.exposed_communication_ms,
+                    "wasted_ms": estimate.wasted_ms,
+                    "placeholders": list(estimate.placeholders),
+                },
             }
         )
 
@@ -367,6 +425,10 @@ class Prediction:
             range=doc["range"].nullable(_read_range),
             profile=doc["profile"].nullable(_read_profile),
             notes=tuple(n.string() for n in doc["notes"].items()),
+            # Added to v1 after its first files: absent reads as not asked for.
+            xla_estimate=_read_xla_step(estimate)
+            if (estimate := doc.get("xla_estimate"))
+            else None,
         )
 
 
@@ -415,6 +477,27 @@ def _read_range(doc: _json.Value) -> StepRange:
             for name, e in doc["errors"].fields().items()
         ),
     )
+
+
+def _read_xla_step(doc: _json.Value) -> XlaStep | None:
+    def read(x: _json.Value) -> XlaStep:
+        step = XlaStep(
+            path=x["path"].string(),
+            module=x["module"].string(),
+            step_ms=x["step_ms"].number(0),
+            priced_step_ms=x["priced_step_ms"].number(0),
+            kernels_ms=x["kernels_ms"].number(0),
+            exposed_communication_ms=x["exposed_communication_ms"].number(0),
+            wasted_ms={k: v.number(0) for k, v in x["wasted_ms"].fields().items()},
+            placeholders=tuple(p.string() for p in x["placeholders"].items()),
+        )
+        if step.priced_step_ms > step.step_ms * (1 + 1e-9):
+            x["priced_step_ms"].fail(
+                f"expected at most step_ms ({step.step_ms}), got {step.priced_step_ms}"
+            )
+        return step
+
+    return doc.nullable(read)
 
 
 def _read_profile(doc: _json.Value) -> ProfileSummary:

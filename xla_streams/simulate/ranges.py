@@ -5,21 +5,8 @@ modelled (the expected value), with every input at the optimistic end of its
 error bound (low), and with every input at the pessimistic end plus
 interference (high: compute kernels that start while a collective is in flight
 slow down, as NCCL takes SMs and HBM bandwidth from them). The bounds, each with
-its source, are in ``errors.py`` (:data:`~xla_streams.simulate.errors.MODEL_ERRORS`):
-
-==============  =============  ===================================================
-input           factor on time source
-==============  =============  ===================================================
-matmul          0.85 - 1.25    cuBLAS GEMMs reach 61-81% of dense peak; model 70%
-memory          0.9 - 1.3      streaming kernels 85-90% of HBM peak; model 80%
-nvlink          0.8 - 1.2      nccl-tests 370 (ring) - 480 (NVLS) GB/s; model 360
-network         0.98 - 1.1     nccl-tests 46-48 GB/s per 400G NIC; model 47
-latency         0.8 - 2.0      XLA's table: small collectives 1.5-4x NCCL's latencies
-table_small     0.7 - 1.4      XLA's measured table below 1 MiB: noisy
-table_large     0.85 - 1.1     XLA's measured table from 1 MiB
-profiled        0.95 - 1.05    the program's own PGLE profile: run-to-run noise
-interference    0 - 0.15       NCCL's 16-32 channels take 12-24% of H100's SMs
-==============  =============  ===================================================
+its source, are :data:`~xla_streams.simulate.errors.MODEL_ERRORS` (``errors.py``;
+``docs/predictions.md`` prints them as a table).
 
 All inputs move together, so the range is an envelope (errors that partly cancel
 in reality add up here), not a confidence interval.

@@ -434,8 +434,9 @@ class Simulator:
         self.progress = progress
         self.notes: list[str] = []
         self.specs: list[CollectiveSpec] = [self._pair_spec(p) for p in self.pairs]
-        self._pair_of_start = {p.start: i for i, p in enumerate(self.pairs)}
-        self._pair_of_done = {p.done: i for i, p in enumerate(self.pairs)}
+        # A start or done by (computation, name): XLA scopes names per computation.
+        self._pair_of_start = {(p.computation, p.start): i for i, p in enumerate(self.pairs)}
+        self._pair_of_done = {(p.computation, p.done): i for i, p in enumerate(self.pairs)}
         self._side_of_start: dict[str, int] = {}
         self._side_streams: dict[str, int] | None = None
         self._programs: dict[str, Program] = {}
@@ -495,14 +496,14 @@ class Simulator:
             cost, latency=cost.latency * errors.latency, bandwidth=cost.bandwidth / link
         ), False
 
-    def _kernel(self, name: str, seconds: float, kind: str) -> tuple[float, float]:
+    def _kernel(self, name: str, seconds: float, error: str) -> tuple[float, float]:
         """(seconds, of which measured) of a compute kernel: the profile's time if it has
-        one, else the model's scaled by ``errors``."""
+        one, else the model's scaled by ``errors`` for the bound named ``error``."""
         measured = self.measured.get(name) if self.measured is not None else None
         if measured is not None:
             measured *= self.errors.profiled
             return measured, measured
-        return seconds * self.errors.compute(kind), 0.0
+        return seconds * self.errors.compute(error), 0.0
 
     def _side_stream(self, name: str) -> int:
         """XLA's compute stream for the async kernel started by ``name``."""
@@ -534,13 +535,13 @@ class Simulator:
         for inst in comp.instructions:
             name = inst.name
             opcode = inst.opcode
-            pair_index = self._pair_of_start.get(name)
+            pair_index = self._pair_of_start.get((comp.name, name))
             if pair_index is not None:
                 on_compute = self.pairs[pair_index].lane == "compute"
                 steps.append((_SYNC if on_compute else _START, pair_index))
                 serial += self.specs[pair_index].cost.seconds
                 continue
-            pair_index = self._pair_of_done.get(name)
+            pair_index = self._pair_of_done.get((comp.name, name))
             if pair_index is not None:
                 if self.pairs[pair_index].lane != "compute":
                     steps.append((_DONE, pair_index))
@@ -593,7 +594,7 @@ class Simulator:
             else:
                 cost = cost_of(inst)
                 if cost.seconds > 0:
-                    seconds, measured = self._kernel(name, cost.seconds, cost.kind)
+                    seconds, measured = self._kernel(name, cost.seconds, cost.error)
                     steps.append(
                         (_COMPUTE, seconds, name, cost.kind, cost.bytes, cost.flops, measured)
                     )
@@ -740,7 +741,7 @@ class Simulator:
         for pair in self.pairs:
             lane = self._fixed_lane(pair)
             if lane is None:
-                stream = assignment.stream_of.get(pair.start)
+                stream = assignment.stream_of.get(pair.key)
                 if stream is None:
                     raise ValueError(
                         f"the assignment gives no stream to '%{pair.start}', which runs on a "
@@ -762,12 +763,12 @@ class Simulator:
         ]
         if respect_rule:
             # A group holding a sync pair goes where XLA pins that pair.
-            index = {p.start: i for i, p in enumerate(self.pairs)}
+            index = {p.key: i for i, p in enumerate(self.pairs)}
             communication = [p for p in self.pairs if p.lane == "communication"]
             for u, unit in enumerate(tied_units(communication)):
                 pinned = any(p.sync for p in unit)
                 for p in unit:
-                    lanes[index[p.start]] = SYNC_PAIR_STREAM if pinned else _UNLIMITED_BASE + u
+                    lanes[index[p.key]] = SYNC_PAIR_STREAM if pinned else _UNLIMITED_BASE + u
         return self._result(
             [_DYNAMIC if lane is None else lane for lane in lanes],
             share=False,

@@ -10,17 +10,22 @@ JSON file (``load_target``)::
     {"base": "h100", "name": "h100-measured", "link_efficiency": 0.72,
      "matrix_flops": {"bf16": 8.0e14}, "perf_table": "my_collectives.txtpb"}
 
-Measured collective times
--------------------------
+Measured times
+--------------
 
-Collectives inside one host are priced from XLA's own measurements where it has
-them (``measured.py``): ``perf_table_key`` names the GPU kind in XLA's collective
-performance table (``sm_90`` for H100 and H200, as XLA keys it by compute
-capability; ``sm_100_B200``; ``sm_100_GB200``; A100 has none), and
-``perf_table`` holds a user's own table in XLA's format (``load_perf_table``);
-without one the table vendored from XLA (``data/``) is used. Everything else
-(collectives across hosts, kinds or group sizes the table lacks, A100) uses the
-alpha-beta model below.
+``perf_table_key`` names the GPU kind as XLA's performance tables key it (``sm_90``
+for H100 and H200, by compute capability; ``sm_100_B200``; ``sm_100_GB200``; A100
+has none), and with it the simulator prices from measurements where it has them:
+
+- collectives inside one host from XLA's collective table (``measured.py``; all
+  three kinds); ``perf_table`` holds a user's own table in XLA's format
+  (``load_perf_table``), else the table vendored from XLA (``data/``) is used;
+- GEMMs from XLA's matmul table (``matmul.py``; ``sm_90`` and ``sm_100_B200``);
+- cuDNN fused attention from NVIDIA's published benchmarks (``attention.py``; all
+  three kinds).
+
+Everything else (collectives across hosts, kinds or group sizes the table lacks,
+GEMMs on GB200, all of A100) uses the alpha-beta model and the roofline below.
 
 Sources, by field
 -----------------
@@ -73,7 +78,8 @@ bandwidth factor) for the latency terms, per protocol (``protocols``):
 Modelling assumptions (not datasheet numbers; override them with a JSON file, or
 correct whole kernel classes with measured ratios: ``calibration.py``):
 
-- ``matrix_efficiency`` 0.7: large GEMMs reach about 70% of dense tensor-core peak.
+- ``matrix_efficiency`` 0.7: large GEMMs reach about 70% of dense tensor-core peak
+  (the roofline of matmul kernels without measurements).
 - ``memory_efficiency`` 0.8: streaming kernels reach about 80% of HBM peak.
 - ``link_efficiency`` 0.8, NVLink: NCCL's bus bandwidth is about 80% of the
   link's peak (sjeaugey in NVIDIA/nccl-tests#212: "With the protocol overhead
@@ -82,7 +88,8 @@ correct whole kernel classes with measured ratios: ``calibration.py``):
 - ``network_efficiency`` 0.94, the network, on its own: nccl-tests busbw per
   400 Gb/s NDR NIC is 46-48 GB/s of 50 (AddyLaddy in NVIDIA/nccl-tests#290 and
   #319), 47/50. So a 27 MiB all-gather over 4 hosts (one GPU each) takes
-  about 490 us: ring latency 37 us plus 3/4 x 27 MiB at 47 GB/s.
+  about 490 us: ring latency 37 us plus 3/4 x 27 MiB at 47 GB/s. A group with
+  several GPUs on each host uses their NICs together (``cost.py``).
 - ``kernel_overhead`` 2 us: the smallest time a kernel occupies the stream
   (launch gap plus the tail of a tiny grid).
 - f32 dots run on TF32 tensor cores: XLA:GPU's default precision for f32
@@ -97,6 +104,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xla_streams.simulate.attention import AttentionCall, default_attention_table
+from xla_streams.simulate.matmul import GemmShape, default_matmul_table
 from xla_streams.simulate.measured import (
     CollectiveTable,
     PerfTable,
@@ -189,7 +198,8 @@ class Target:
     # Measured / predicted time per kernel class ("matmul", "memory") and collective
     # kind, from a calibration file (calibration.py); a class not listed keeps 1.
     calibration: dict[str, float] = field(default_factory=dict)
-    # The GPU's key in XLA's collective performance table (None: no measurements).
+    # The GPU's key in XLA's performance tables, collective and matmul, and in the
+    # attention measurements (None: no measurements).
     perf_table_key: str | None = None
     # A user's own table (load_perf_table); None: the one vendored from XLA.
     perf_table: PerfTable | None = None
@@ -203,14 +213,17 @@ class Target:
         """What the calibration multiplies predictions of ``kind`` by (1 without one)."""
         return self.calibration.get(kind, 1.0)
 
-    def matrix_rate(self, element_type: str) -> float:
-        """Achievable FLOP/s of a dot whose operands have ``element_type``."""
+    def matrix_peak(self, element_type: str) -> float:
+        """Dense tensor-core peak FLOP/s of a dot whose operands have ``element_type``."""
         if element_type.startswith(FP8_PREFIXES):
             key = "fp8"
         else:
             key = MATRIX_RATE_OF_TYPE.get(element_type, "tf32")
-        peak = self.matrix_flops.get(key) or self.matrix_flops["bf16"]
-        return peak * self.matrix_efficiency
+        return self.matrix_flops.get(key) or self.matrix_flops["bf16"]
+
+    def matrix_rate(self, element_type: str) -> float:
+        """Achievable FLOP/s of a dot whose operands have ``element_type``."""
+        return self.matrix_peak(element_type) * self.matrix_efficiency
 
     @property
     def achievable_memory_bandwidth(self) -> float:
@@ -231,6 +244,27 @@ class Target:
         table = self.perf_table if self.perf_table is not None else default_perf_table()
         return table.for_device(self.perf_table_key, self.devices_per_host)
 
+    def gemm_seconds(self, gemm: GemmShape) -> float | None:
+        """XLA's measured time of ``gemm`` on this GPU (``matmul.py``); None where XLA's
+        matmul table has no measurements for it, or a rate above the GPU's dense peak
+        (no GEMM runs faster: ``sm_90``'s FP8 entries reach 1.31 times H100's at the
+        table's largest shapes, 29 of 375 points above it, while its BF16 and TF32 ones
+        stay below 0.81)."""
+        if self.perf_table_key is None:
+            return None
+        table = default_matmul_table().for_device(self.perf_table_key)
+        rate = table.throughput(gemm) if table is not None else None
+        if rate is None or not 0 < rate <= self.matrix_peak(gemm.lhs):
+            return None
+        return gemm.flops / rate
+
+    def attention_seconds(self, call: AttentionCall) -> float | None:
+        """The published time of fused attention ``call`` on this GPU
+        (``attention.py``); None without measurements for this GPU."""
+        if self.perf_table_key is None:
+            return None
+        return default_attention_table().seconds(self.perf_table_key, call)
+
 
 H100 = Target(
     name="h100",
@@ -250,7 +284,10 @@ H100 = Target(
         "NVIDIA DGX H100 user guide: 8x ConnectX-7 400 Gb/s",
         "NVIDIA/nccl src/graph/tuning.cc baseLat/hwLat (Simple protocol)",
         "NVIDIA/nccl-tests#290, #319: 46-48 GB/s busbw per 400 Gb/s NIC",
+        "NVIDIA/nccl#1221, #1649: 4 x 8 H100 all-reduce 320-380 GB/s busbw",
         "XLA's collective performance table, sm_90 (measured on H100)",
+        "XLA's matmul performance table, sm_90",
+        "NVIDIA/cudnn-frontend benchmark_results.csv: cuDNN attention on Hopper",
     ),
     perf_table_key="sm_90",
 )
@@ -265,7 +302,10 @@ H200 = dataclasses.replace(
         "NVIDIA DGX H200 user guide: 8x ConnectX-7 400 Gb/s",
         "NVIDIA/nccl src/graph/tuning.cc baseLat/hwLat (Simple protocol)",
         "NVIDIA/nccl-tests#290, #319: 46-48 GB/s busbw per 400 Gb/s NIC",
+        "NVIDIA/nccl#1221, #1649: 4 x 8 H100 all-reduce 320-380 GB/s busbw",
         "XLA's collective performance table, sm_90 (H100's NVLink 4, as XLA uses it)",
+        "XLA's matmul performance table, sm_90 (H100's, as XLA uses it)",
+        "NVIDIA/cudnn-frontend benchmark_results.csv: cuDNN attention on Hopper",
     ),
 )
 
@@ -306,6 +346,8 @@ B200 = Target(
         "NVIDIA DGX B200 user guide: 8x ConnectX-7 400 Gb/s",
         "NVIDIA/nccl src/graph/tuning.cc baseLat/hwLat (Simple protocol)",
         "XLA's collective performance table, sm_100_B200",
+        "XLA's matmul performance table, sm_100_B200",
+        "NVIDIA/cudnn-frontend sdpa_bf16_benchmark_results_NVIDIA_B200.csv",
     ),
     perf_table_key="sm_100_B200",
 )
@@ -329,6 +371,7 @@ GB200 = Target(
         "NVIDIA DGX GB200 user guide: a 400 Gb/s ConnectX-7 per GPU",
         "NVIDIA/nccl src/graph/tuning.cc baseLat/hwLat (Simple protocol)",
         "XLA's collective performance table, sm_100_GB200",
+        "NVIDIA/cudnn-frontend sdpa_bf16_benchmark_results_NVIDIA_GB200.csv",
     ),
     perf_table_key="sm_100_GB200",
 )

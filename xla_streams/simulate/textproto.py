@@ -198,8 +198,10 @@ def parse_text(text: str, path: str = "<string>", first_line: int = 1) -> Messag
         if kind == "string":
             return _unquote(value, path, line)
         if kind == "number":
-            hexadecimal = value.lstrip("+-").lower().startswith("0x")
-            word = value if hexadecimal else value.rstrip("fF")
+            # A float's `f` suffix goes (1.5f), but not the last letter of `inf` (XLA's
+            # schedule dumps hold `-inf`: a softmax mask), nor a hexadecimal digit.
+            bare = value.lstrip("+-").lower()
+            word = value if bare.startswith(("0x", "inf", "nan")) else value.rstrip("fF")
             try:
                 return int(word, 0)
             except ValueError:

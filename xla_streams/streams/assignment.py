@@ -41,7 +41,8 @@ from xla_streams.streams.rule import tied_units
 
 @dataclass(frozen=True)
 class StreamAssignment:
-    """The collective stream of each pair (by start name); None off the communication lane.
+    """The collective stream of each pair (by :attr:`AsyncPair.key`: its start's name); None
+    off the communication lane.
 
     ``reassigned`` maps a pair whose annotation in the module could not be kept
     to why (a stream >= K, or pins the deadlock rule cannot honour).
@@ -74,7 +75,7 @@ def assign_streams(pairs: Sequence[AsyncPair], streams: int, policy: Policy) -> 
     reassigned: dict[str, str] = {}
     pins = [_pin(unit, streams, reassigned) for unit in units]
     busy_until = [0] * streams  # done time of the last unit on each stream
-    stream_of: dict[str, int | None] = {p.start: None for p in pairs}
+    stream_of: dict[str, int | None] = {p.key: None for p in pairs}
     unit_of: dict[str, int] = {}
     for u, (unit, pin) in enumerate(zip(units, pins, strict=True)):
         begin = unit[0].start_time
@@ -87,8 +88,8 @@ def assign_streams(pairs: Sequence[AsyncPair], streams: int, policy: Policy) -> 
             stream = free[0] if free else min(range(streams), key=lambda k: (busy_until[k], k))
         busy_until[stream] = max(busy_until[stream], max(b for p in unit for _, b in p.occurrences))
         for p in unit:
-            stream_of[p.start] = stream
-            unit_of[p.start] = u
+            stream_of[p.key] = stream
+            unit_of[p.key] = u
     by_bound, by_rule = _serialized(placed, stream_of, unit_of)
     return StreamAssignment(
         streams, policy, stream_of, frozenset(by_bound), frozenset(by_rule), reassigned
@@ -101,8 +102,8 @@ def _pin(unit: list[AsyncPair], streams: int, reassigned: dict[str, str]) -> int
     wanted = [p for p in unit if not p.sync and p.annotation is not None]
     for p in wanted:
         if p.annotation is not None and p.annotation >= streams:
-            reassigned[p.start] = f"annotation {p.annotation} names a stream >= K={streams}"
-    valid = [p for p in wanted if p.start not in reassigned]
+            reassigned[p.key] = f"annotation {p.annotation} names a stream >= K={streams}"
+    valid = [p for p in wanted if p.key not in reassigned]
     chosen = fixed[0] if fixed else valid[0] if valid else None
     if chosen is None:
         return None
@@ -110,7 +111,7 @@ def _pin(unit: list[AsyncPair], streams: int, reassigned: dict[str, str]) -> int
     assert stream is not None
     for p in valid:
         if p.annotation != stream:
-            reassigned[p.start] = (
+            reassigned[p.key] = (
                 f"annotation {p.annotation} dropped: the deadlock rule ties it to "
                 f"'%{chosen.start}', which runs on stream {stream}"
             )
@@ -128,23 +129,23 @@ def _serialized(
     by_rule: set[str] = set()
     on_stream: dict[int | None, int] = {}  # stream -> occurrences in flight
     of_unit: dict[int, int] = {}  # unit -> occurrences in flight (a unit has one stream)
-    of_pair: dict[str, int] = {}  # start -> occurrences in flight
+    of_pair: dict[str, int] = {}  # pair key -> occurrences in flight
     ending: list[tuple[int, int]] = []  # (done, index into pairs), a heap
-    index = {p.start: i for i, p in enumerate(pairs)}
+    index = {p.key: i for i, p in enumerate(pairs)}
     for begin, end, p in in_flight_order(pairs):
         while ending and ending[0][0] <= begin:
             q = pairs[heapq.heappop(ending)[1]]
-            on_stream[stream_of[q.start]] -= 1
-            of_unit[unit_of[q.start]] -= 1
-            of_pair[q.start] -= 1
-        stream, unit, mine = stream_of[p.start], unit_of[p.start], of_pair.get(p.start, 0)
+            on_stream[stream_of[q.key]] -= 1
+            of_unit[unit_of[q.key]] -= 1
+            of_pair[q.key] -= 1
+        stream, unit, mine = stream_of[p.key], unit_of[p.key], of_pair.get(p.key, 0)
         same_unit = of_unit.get(unit, 0) - mine  # others of its unit in flight
         if same_unit:
-            by_rule.add(p.start)
+            by_rule.add(p.key)
         elif on_stream.get(stream, 0) - mine:
-            by_bound.add(p.start)
+            by_bound.add(p.key)
         on_stream[stream] = on_stream.get(stream, 0) + 1
         of_unit[unit] = of_unit.get(unit, 0) + 1
-        of_pair[p.start] = mine + 1
-        heapq.heappush(ending, (end, index[p.start]))
+        of_pair[p.key] = mine + 1
+        heapq.heappush(ending, (end, index[p.key]))
     return by_bound - by_rule, by_rule

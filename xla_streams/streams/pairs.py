@@ -2,17 +2,26 @@
 computation, and when each is in flight.
 
 :func:`find_async_pairs` reads the dedicated pairs (``all-reduce-start``/``-done`` ...),
-wrapped ones in both spellings (``async-start(...), calls=%c`` around a collective,
-and the sugared ``reduce-scatter-start`` that ``compiled.as_text()`` prints) and
-send/recv. For each it records the schedule positions, when it is in flight at every
-call of its computation, where XLA runs it (the :class:`StreamModel`), the global
-device ids of its groups, the bytes it moves and a stream annotation it already has.
+wrapped ones in both spellings (``async-start(...), calls=%c`` around a collective or a
+group of them, and the sugared ``reduce-scatter-start`` that ``compiled.as_text()``
+prints) and send/recv, pipelined ones through a loop's tuple included. For each it
+records the schedule positions, when it is in flight at every call of its computation
+(a computation another thread runs, for the whole async call that runs it), where XLA
+runs it (the :class:`StreamModel`), the global device ids of its groups, the bytes it
+moves and a stream annotation it already has.
+
+Not pairs, as XLA has it: host transfers (``is_host_transfer=true``: no device
+collective, no stream), the links of a send/recv chain inside a loop (the chain is one
+pair, from its first start to its last done), the sends and recvs an ``async-start``
+groups (the group is the pair), a start in a fusion's computation (part of that
+fusion's kernel).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from xla_streams.collectives import (
     COLLECTIVE_OPCODES,
@@ -34,6 +43,7 @@ from xla_streams.hlo.text import excerpt
 
 _DONE_OF_SEND_RECV = {"send-done": "send", "recv-done": "recv"}
 _SEND_RECV = frozenset(_DONE_OF_SEND_RECV.values())
+_GROUPED = COLLECTIVE_OPCODES | _SEND_RECV  # what an async-start may launch together
 # The opcode of the start each done completes, and every start opcode: one lookup
 # classifies an instruction (most are neither; every one is asked).
 _START_OF_DONE = {
@@ -43,6 +53,11 @@ _START_OF_DONE = {
 }
 _STARTS = frozenset(_START_OF_DONE.values())
 PIPELINE_ATTRIBUTE = "_xla_send_recv_pipeline"
+# The async starts that run a computation (on another execution thread: windowed
+# einsum's GEMMs, host offloading) while the caller goes on, and the attribute naming
+# it: an async-start that runs no collective, and the sugared call-start.
+ASYNC_CALLS = {"async-start": "calls", "call-start": "to_apply"}
+_RUN_DONES = frozenset({"async-done", "call-done"})
 
 
 @dataclass(frozen=True)
@@ -55,7 +70,10 @@ class AsyncPair:
     calling instruction); two pairs are in flight together exactly when some
     occurrences intersect. ``start_time``/``done_time`` are the first one.
     ``lane`` is where XLA runs it (:class:`StreamModel`); ``annotation`` the
-    ``_xla_stream_annotation`` the module already gave it, if any.
+    ``_xla_stream_annotation`` the module already gave it, if any. ``key`` names it in
+    a :class:`~xla_streams.streams.StreamAssignment`: its start's name, or, where
+    another computation reuses that name (XLA scopes names per computation),
+    ``computation/start``.
     """
 
     computation: str
@@ -75,10 +93,13 @@ class AsyncPair:
     annotation: int | None = None
     channel: int | None = None  # the channel_id of a send or recv
     occurrences: tuple[tuple[int, int], ...] = ()
+    key: str = ""
 
     def __post_init__(self) -> None:
         if not self.occurrences:
             object.__setattr__(self, "occurrences", ((self.start_time, self.done_time),))
+        if not self.key:
+            object.__setattr__(self, "key", self.start)
 
     @property
     def needs_stream(self) -> bool:
@@ -132,18 +153,20 @@ def find_async_pairs(module: Module, model: StreamModel | None = None) -> list[A
     # One pass over every instruction (a module has tens of thousands) finds, per
     # computation, the pairs, the starts and dones XLA's async-to-sync converter does
     # not count as work (see _work_before; send and recv aside), and where control flow
-    # is (for execution_layout).
+    # and async calls of other computations are (for execution_layout).
     not_work: dict[str, set[Instruction]] = {}
     control_flow: dict[Computation, list[int]] = {}
+    calling: dict[Computation, list[int]] = {}
     for comp in module.computations:
         starts_done: set[str] = set()
-        starts: list[Instruction] = []
+        starts: list[tuple[int, Instruction]] = []
         async_ops: set[Instruction] = set()
         control_flow[comp] = flow = []
+        calling[comp] = called = []
         for i, inst in enumerate(comp.instructions):
             opcode = inst.opcode
             if opcode in _STARTS:
-                starts.append(inst)  # checked once every done has claimed its start
+                starts.append((i, inst))  # checked once every done has claimed its start
             elif opcode in _START_OF_DONE:
                 pair = _start_of(inst, comp)
                 if pair is None:
@@ -157,19 +180,27 @@ def find_async_pairs(module: Module, model: StreamModel | None = None) -> list[A
                     async_ops.add(inst)
             elif opcode in CONTROL_FLOW_CALLEES:
                 flow.append(i)
-        for inst in starts:
+            elif opcode in ASYNC_CALLS:
+                called.append(i)
+        for i, inst in starts:
             # A start a done completes is one (an async-start's collectives were found
-            # then); any other start must be one a later iteration completes.
+            # then). A send or recv no done completes is a link of a chain through a
+            # loop (the chain is paired at its ends), one of a group an async-start
+            # runs, or never completed (XLA's verifier takes a tuple as its user): no
+            # pair of its own.
             if inst.name not in starts_done:
+                if inst.opcode in _SEND_RECV:
+                    continue
                 if not _is_start(inst):
-                    continue  # an async-start that runs no collective
-                if not _is_pipelined(inst):
+                    called.append(i)  # an async-start that runs no collective
+                    continue
+                if not _in_fusion(module, comp):
                     raise inst.error(f"async start '%{inst.name}' has no done in '{comp.name}'")
             if inst.opcode not in _SEND_RECV:
                 async_ops.add(inst)
         if async_ops:
             not_work[comp.name] = async_ops
-    layout = execution_layout(module, {comp.name for comp, _, _, _ in found}, control_flow)
+    layout = execution_layout(module, {comp.name for comp, _, _, _ in found}, control_flow, calling)
     # Schedule positions by instruction (not name: no cold string read per instruction).
     positions: dict[str, dict[Instruction, int]] = {}
     work: dict[str, list[int]] = {}
@@ -181,7 +212,27 @@ def find_async_pairs(module: Module, model: StreamModel | None = None) -> list[A
         position, before = positions[comp.name], work[comp.name]
         pairs.append(_pair(module, comp, start, done, members, position, before, layout, model))
     pairs.sort(key=lambda p: (p.start_time, p.start))
-    return pairs
+    return _keyed(pairs)
+
+
+def _keyed(pairs: list[AsyncPair]) -> list[AsyncPair]:
+    """``pairs``, each whose start's name another pair's start reuses (in another
+    computation: XLA scopes names per computation) keyed ``computation/start``."""
+    counts = Counter(p.start for p in pairs)
+    if len(counts) == len(pairs):
+        return pairs  # every name once: each pair's key is its start's name
+    return [
+        replace(p, key=f"{p.computation}/{p.start}") if counts[p.start] > 1 else p for p in pairs
+    ]
+
+
+def _in_fusion(module: Module, comp: Computation) -> bool:
+    """Whether a fusion calls ``comp``: XLA emits it as that fusion's kernel, so an async
+    start in it has no done of its own to wait for (a Triton collective fusion)."""
+    return any(
+        inst.opcode == "fusion" and inst.attribute("calls") in (comp.name, f"%{comp.name}")
+        for inst in module.instructions()
+    )
 
 
 # The most call paths laid out from ENTRY to the computations holding pairs: a
@@ -193,32 +244,60 @@ MAX_CALL_PATHS = 100_000
 @dataclass(frozen=True)
 class Layout:
     """One execution of the program, on a clock that ticks at each instruction's
-    start and end; callees of control flow run inside their calling instruction."""
+    start and end; callees of control flow run inside their calling instruction. A
+    computation an async call runs (on another execution thread) runs beside its caller
+    from the async start to its done, in an order XLA does not fix: each of its pairs
+    is in flight, for the deadlock rule, during the whole call (a window)."""
 
     # computation -> ticks before each instruction starts (of those in ``wanted``, their
     # callers and any running control flow: no other is asked)
     offsets: dict[str, list[int]]
     bases: dict[str, list[int]]  # computation -> its start time at each call
+    # computation -> the (start, done) times of each async call that runs it (its own,
+    # or one of a caller that another thread runs)
+    windows: dict[str, list[tuple[int, int]]]
 
     def times(self, computation: str, index: int) -> list[int]:
         """When instruction ``index`` of ``computation`` starts, at each call."""
         offset = self.offsets[computation][index]
         return [base + offset + 1 for base in self.bases[computation]]
 
+    def occurrences(self, computation: str, start: int, done: int) -> list[tuple[int, int]]:
+        """When a pair of ``computation`` at positions ``start`` < ``done`` is in flight,
+        at each call: from its start to its done, or the window of an async call."""
+        spans = zip(self.times(computation, start), self.times(computation, done), strict=True)
+        return [*spans, *self.windows.get(computation, ())]
+
 
 def execution_layout(
-    module: Module, wanted: set[str], control_flow: dict[Computation, list[int]]
+    module: Module,
+    wanted: set[str],
+    control_flow: dict[Computation, list[int]],
+    calling: dict[Computation, list[int]],
 ) -> Layout:
     """Lay the program out from ENTRY, every call site counted, for the computations
     in ``wanted`` (and those calling them). Computations not reached from ENTRY
     follow, once each, in text order. Iterative: call chains may be deep.
-    ``control_flow``: each computation's control-flow instructions, by position.
+    ``control_flow``: each computation's control-flow instructions, by position;
+    ``calling``: its async starts that run a computation (:data:`ASYNC_CALLS`), by
+    position.
     """
     callees = {
         comp.name: _control_flow_callees(module, comp, control_flow[comp])
         for comp in module.computations
     }
-    order = _callers_first(module, callees)
+    called_async = {
+        comp.name: _async_calls(module, comp, calling[comp]) for comp in calling if calling[comp]
+    }
+    # The computations each one runs, by control flow or async call (most run none).
+    edges: dict[str, list[str]] = {}
+    for name, calls in callees.items():
+        for called in calls.values():
+            edges.setdefault(name, []).extend(called)
+    for name, calls_of in called_async.items():
+        for _, called in calls_of.values():
+            edges.setdefault(name, []).extend(called)
+    order = _callers_first(module, edges)
     relevant = set(wanted)  # these and their callers
     sizes: dict[str, int] = {}  # every computation's length in ticks
     # The offsets of the relevant computations and of those running control flow: the
@@ -228,21 +307,22 @@ def execution_layout(
         comp = module.computation(name)
         assert comp is not None
         calls, n = callees[name], len(comp.instructions)
+        if name in edges and any(c in relevant for c in edges[name]):
+            relevant.add(name)
         if not calls:  # no control flow (most computations): two ticks per instruction
             sizes[name] = 2 * n
             if name in relevant:
                 offsets[name] = list(range(0, 2 * n, 2))
             continue
-        if any(c in relevant for cs in calls.values() for c in cs):
-            relevant.add(name)
         ticks, starts = 0, []
         for i in range(n):
             starts.append(ticks)
             ticks += 2 + sum(sizes[c] for c in calls.get(i, ()))
         offsets[name], sizes[name] = starts, ticks
     bases: dict[str, list[int]] = {name: [] for name in order}
+    windows: dict[str, list[tuple[int, int]]] = {}
     clock = 0
-    reached = set(_reachable(module.entry.name, callees))
+    reached = set(_reachable(module.entry.name, edges))
     roots = [module.entry.name] + [c.name for c in module.computations if c.name not in reached]
     for root in roots:
         if root in relevant and not bases[root]:
@@ -258,13 +338,29 @@ def execution_layout(
                         bases[callee].append(at)
                         paths += 1
                     at += sizes[callee]
+        inherited = windows.get(name)
+        if inherited:  # the callees of a computation another thread runs run in its window
+            for callee in edges.get(name, ()):
+                if callee in relevant:
+                    windows.setdefault(callee, []).extend(inherited)
+                    paths += len(inherited)
+        for start, (done, called) in called_async[name].items() if name in called_async else ():
+            if not any(callee in relevant for callee in called):
+                continue  # it runs no pair
+            begin = offsets[name][start] + 1
+            end = sizes[name] if done is None else offsets[name][done] + 1
+            spans = [(b + begin, b + end) for b in bases[name]]
+            for callee in called:
+                if callee in relevant:
+                    windows.setdefault(callee, []).extend(spans)
+                    paths += len(spans)
         if paths > MAX_CALL_PATHS:
             raise _module_error(
                 module,
                 f"the call graph reaches computation '{name}' and its callees in more than "
                 f"{MAX_CALL_PATHS} ways; xla_streams lays out every call site and refuses this",
             )
-    return Layout(offsets, bases)
+    return Layout(offsets, bases, windows)
 
 
 def _control_flow_callees(
@@ -282,18 +378,69 @@ def _control_flow_callees(
     return result
 
 
-def _callers_first(module: Module, callees: dict[str, dict[int, list[str]]]) -> list[str]:
-    """Computations ordered so that every caller comes before its callees."""
+def async_calls(module: Module, comp: Computation) -> dict[int, tuple[int | None, list[str]]]:
+    """Start index -> (done index, computations it runs), for each async start of
+    ``comp`` that runs a computation rather than a collective (:data:`ASYNC_CALLS`). Without
+    a done (XLA's verifier refuses that) the call runs to the computation's end: None."""
+    positions = [
+        i
+        for i, inst in enumerate(comp.instructions)
+        if inst.opcode in ASYNC_CALLS and not (inst.opcode == "async-start" and _is_start(inst))
+    ]
+    return _async_calls(module, comp, positions)
+
+
+def _async_calls(
+    module: Module, comp: Computation, positions: list[int]
+) -> dict[int, tuple[int | None, list[str]]]:
+    """:func:`async_calls` of the async starts at ``positions``."""
+    starts = {comp.instructions[i].name: i for i in positions}
+    done_of: dict[int, int] = {}
+    for j, inst in enumerate(comp.instructions):
+        if inst.opcode in _RUN_DONES and inst.operand_names:
+            start = _async_head(inst, comp.get(inst.operand_names[0]), comp)
+            if start is not None and start.name in starts:
+                done_of[starts[start.name]] = j
+    result: dict[int, tuple[int | None, list[str]]] = {}
+    for i in positions:
+        inst = comp.instructions[i]
+        key = ASYNC_CALLS[inst.opcode]
+        names = decode(inst, key, parse_computation_names) or ()
+        for name in names:
+            if module.computation(name) is None:
+                raise inst.error_at_attribute(key, 0, f"unknown computation '{name}'")
+        result[i] = (done_of.get(i), list(names))
+    return result
+
+
+def _async_head(
+    done: Instruction, start: Instruction | None, comp: Computation
+) -> Instruction | None:
+    """The instruction an async done completes: its operand ``start``, through the
+    async-update links that may sit between. Each is defined before its user
+    (parse_module), so the chain ends; the hop count says so too."""
+    hops = 0
+    while start is not None and start.opcode.endswith("-update") and start.operand_names:
+        hops += 1
+        if hops > len(comp.instructions):
+            raise done.error(f"the async-update chain of {done.opcode} '%{done.name}' loops")
+        start = comp.get(start.operand_names[0])
+    return start
+
+
+def _callers_first(module: Module, edges: dict[str, list[str]]) -> list[str]:
+    """Computations ordered so that every caller comes before its callees (``edges``:
+    those each one calls, absent for none)."""
     state: dict[str, int] = {}  # 1: on the stack, 2: done
     post: list[str] = []
     for comp in module.computations:
         if comp.name in state:
             continue
-        if not callees[comp.name]:  # most computations: done at once, no stack
+        if comp.name not in edges:  # most computations: done at once, no stack
             state[comp.name] = 2
             post.append(comp.name)
             continue
-        stack = [(comp.name, iter([c for cs in callees[comp.name].values() for c in cs]))]
+        stack = [(comp.name, iter(edges[comp.name]))]
         state[comp.name] = 1
         while stack:
             name, children = stack[-1]
@@ -308,21 +455,20 @@ def _callers_first(module: Module, callees: dict[str, dict[int, list[str]]]) -> 
                 raise _line_error(module, callee.line, f"computation '{child}' calls itself")
             elif child not in state:
                 state[child] = 1
-                stack.append((child, iter([c for cs in callees[child].values() for c in cs])))
+                stack.append((child, iter(edges.get(child, ()))))
     return post[::-1]
 
 
-def _reachable(entry: str, callees: dict[str, dict[int, list[str]]]) -> Iterator[str]:
+def _reachable(entry: str, edges: dict[str, list[str]]) -> Iterator[str]:
     seen = {entry}
     stack = [entry]
     while stack:
         name = stack.pop()
         yield name
-        for called in callees[name].values():
-            for c in called:
-                if c not in seen:
-                    seen.add(c)
-                    stack.append(c)
+        for c in edges.get(name, ()):
+            if c not in seen:
+                seen.add(c)
+                stack.append(c)
 
 
 def _module_error(module: Module, message: str) -> HloError:
@@ -345,15 +491,20 @@ def _start_of(done: Instruction, comp: Computation) -> tuple[Instruction, list[I
     names = done.operand_names
     if not names:
         raise done.error(f"{opcode} has no operand")
-    start = comp.get(names[0])
-    # async-update links may sit between the start and the done. Each is defined
-    # before its user (parse_module), so the chain ends; the hop count says so too.
-    hops = 0
-    while start is not None and start.opcode.endswith("-update") and start.operand_names:
-        hops += 1
-        if hops > len(comp.instructions):
-            raise done.error(f"the async-update chain of {opcode} '%{done.name}' loops")
-        start = comp.get(start.operand_names[0])
+    start = _async_head(done, comp.get(names[0]), comp)
+    if opcode in _DONE_OF_SEND_RECV:
+        if done.attribute("is_host_transfer") == "true":
+            return None  # a transfer to or from the host: no device collective
+        element = _tuple_element(done, start, comp)
+        if element is not None:
+            source, index = element
+            if source.opcode == "parameter":
+                return None  # inside a loop's body: one link of a chain paired at its ends
+            start = _chain_start(source, index, comp)
+            if start is not None and start.opcode in _SEND_RECV and start.opcode != expected:
+                # A recv-done reading a send's chain (XLA's verifier asks only for a
+                # get-tuple-element): it completes no transfer of its own kind.
+                return None
     if start is None or start.opcode != expected:
         if opcode in _DONE_OF_SEND_RECV and _is_pipelined(done):
             return None  # started in another iteration; XLA keeps it on its P2P stream
@@ -369,6 +520,38 @@ def _start_of(done: Instruction, comp: Computation) -> tuple[Instruction, list[I
     return start, members
 
 
+def _tuple_element(
+    done: Instruction, operand: Instruction | None, comp: Computation
+) -> tuple[Instruction, int] | None:
+    """(tuple, index) when the context ``done`` takes is an element of a tuple: a
+    get-tuple-element's, or (jax >= 0.11 dumps) ``%t#i``; None otherwise."""
+    if operand is None:
+        return None
+    path = done.operand_refs[0][1]
+    if path:
+        return operand, path[0]
+    if operand.opcode != "get-tuple-element":
+        return None
+    index = operand.attribute("index") or ""
+    source = comp.get(operand.operand_names[0]) if index.isdigit() else None
+    return None if source is None else (source, int(index))
+
+
+def _chain_start(source: Instruction, index: int, comp: Computation) -> Instruction | None:
+    """The first start of the send/recv chain whose context a done after a while loop
+    reads (element ``index`` of ``source``), as XLA finds it
+    (``FindCanonicalSendRecvStartOp``): the chain runs through the loop's tuple, started
+    before the loop, done and started again in each iteration (links, no pairs of their
+    own) and done after it, so it started with the same element of the loop's initial
+    tuple. None when ``source`` is no while fed by a tuple."""
+    if source.opcode != "while" or not source.operand_names:
+        return None
+    init = comp.get(source.operand_names[0])
+    if init is None or init.opcode != "tuple" or index >= len(init.operand_names):
+        return None
+    return comp.get(init.operand_names[index])
+
+
 def _is_start(inst: Instruction) -> bool:
     opcode = inst.opcode
     if opcode not in _STARTS:
@@ -378,10 +561,10 @@ def _is_start(inst: Instruction) -> bool:
 
 def _wrapped(start: Instruction) -> list[Instruction]:
     """The collectives an ``async-start(...), calls=%c`` runs: its computation's root
-    when that is one; else every collective of the computation (a collectives group,
-    XLA's ``_collectives_group``: several collectives launched together, which XLA's
-    deadlock check treats as one whose groups are all of theirs); none if not a
-    collective at all."""
+    when that is one; else every collective, send and recv of the computation (a
+    collectives group, XLA's ``_collectives_group``, or grouped send/recv: several
+    launched together, which XLA's deadlock check treats as one whose groups are all of
+    theirs); none if not a collective at all."""
     names = decode(start, "calls", parse_computation_names)
     if names is None:
         raise start.error("async-start without calls=")
@@ -392,7 +575,7 @@ def _wrapped(start: Instruction) -> list[Instruction]:
     root = callee.root
     if root.opcode in COLLECTIVE_OPCODES:
         return [root]
-    return [inst for inst in callee.instructions if inst.opcode in COLLECTIVE_OPCODES]
+    return [inst for inst in callee.instructions if inst.opcode in _GROUPED]
 
 
 def _is_pipelined(inst: Instruction) -> bool:
@@ -437,9 +620,7 @@ def _pair(
     channels = [_channel(m) for m in members]
     frontend = _frontend_attributes(start)  # decoded once: pipelined, and annotation below
     pipelined = PIPELINE_ATTRIBUTE in frontend
-    occurrences = tuple(
-        zip(layout.times(comp.name, start_index), layout.times(comp.name, done_index), strict=True)
-    )
+    occurrences = tuple(layout.occurrences(comp.name, start_index, done_index))
     first = occurrences[0] if occurrences else (0, 0)
     return AsyncPair(
         computation=comp.name,

@@ -49,7 +49,10 @@ in flight together when it schedules several at once
   program is laid out, every call site counted (a collective in flight
   across a ``while`` meets those of its body), send/recv and sync pairs on
   the communication lane included, and ties are transitive (A-B and B-C tie
-  A, B and C even when A and C never meet).
+  A, B and C even when A and C never meet). A pair in a computation that another
+  execution thread runs (an async call: ``call-start``, an ``async-start`` of no
+  collective) meets everything in flight during the call, since XLA orders nothing
+  between the threads.
 - Mechanism: XLA's scheduler keeps such collectives apart in time; this
   tool runs after scheduling and keeps the overlap, putting them on one
   stream so that every rank issues them in the same (program) order.
@@ -159,9 +162,9 @@ def tied_units(pairs: list[AsyncPair], budget: int | None = None) -> list[list[A
         for p in halves[1:]:
             parent[find(index[id(p)])] = first
     units: dict[int, list[AsyncPair]] = {}
-    for p in sorted(pairs, key=lambda p: (p.start_time, p.start)):
+    for p in sorted(pairs, key=lambda p: (p.start_time, p.key)):
         units.setdefault(find(index[id(p)]), []).append(p)
-    return sorted(units.values(), key=lambda unit: (unit[0].start_time, unit[0].start))
+    return sorted(units.values(), key=lambda unit: (unit[0].start_time, unit[0].key))
 
 
 # The most steps the deadlock rule may take on one module (a step: one device of a

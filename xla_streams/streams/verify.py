@@ -7,24 +7,26 @@ done comes after its start. Then the deadlock rule
 channel on one stream, and, checked on what the runtime executes rather than on
 the intervals find-async-pairs computed, the pairs in flight together: the program is
 walked from ENTRY in schedule order, entering the callee of every control-flow
-instruction at each of its calls, keeping the set of collectives in flight; at
-each start, none in flight may share two or more devices with it on another
-stream. Linear in the instructions executed; the rule's test indexes the groups
-in flight by device (:class:`~xla_streams.streams.rule.InFlight`), its work bounded
-by ``MAX_RULE_WORK``: past it the module is refused with an error at the collective.
+instruction at each of its calls, keeping the set of collectives in flight (those of a
+computation an async call runs on another thread: all of them, from the call's start
+to its done); at each start, none in flight may share two or more devices with it on
+another stream. Linear in the instructions executed; the rule's test indexes the
+groups in flight by device (:class:`~xla_streams.streams.rule.InFlight`), its work
+bounded by ``MAX_RULE_WORK``: past it the module is refused with an error at the
+collective.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from xla_streams.collectives import SYNC_PAIR_STREAM
-from xla_streams.hlo import Module
+from xla_streams.hlo import Computation, Module
 from xla_streams.hlo.attributes import CONTROL_FLOW_CALLEES, control_flow_callees
 from xla_streams.streams.assignment import StreamAssignment
-from xla_streams.streams.pairs import AsyncPair
+from xla_streams.streams.pairs import ASYNC_CALLS, AsyncPair, async_calls
 from xla_streams.streams.rule import InFlight, RuleWorkExceeded, permute_halves
 
 # Instructions walked at most; a module needing more is refused, not half-checked.
@@ -44,14 +46,14 @@ def verify_streams(
     """
     seen: dict[str, AsyncPair] = {}
     for p in pairs:
-        if p.start in seen:
+        if p.key in seen:
             raise VerificationError(f"{_name(p)} appears twice")
-        seen[p.start] = p
+        seen[p.key] = p
         if p.done_index <= p.start_index or any(b <= a for a, b in p.occurrences):
             raise VerificationError(f"{_name(p)}: done is not after start")
-        if p.start not in assignment.stream_of:
+        if p.key not in assignment.stream_of:
             raise VerificationError(f"{_name(p)} has no stream assignment")
-        stream = assignment.stream_of[p.start]
+        stream = assignment.stream_of[p.key]
         if p.needs_stream and (stream is None or not 0 <= stream < assignment.streams):
             raise VerificationError(
                 f"{_name(p)} is on stream {stream}, outside 0..{assignment.streams - 1}"
@@ -68,13 +70,13 @@ def verify_streams(
     extra = set(assignment.stream_of) - set(seen)
     if extra:
         raise VerificationError(f"streams assigned to unknown pairs: {', '.join(sorted(extra))}")
-    placed = {p.start: p for p in pairs if p.needs_stream}
+    placed = {p.key: p for p in pairs if p.needs_stream}
     # The sends and the recvs of each channel, by stream: one send and one recv on
     # different streams break the rule (linear, however many share a channel).
     for halves in permute_halves(placed.values()):
         on: dict[str, dict[int | None, AsyncPair]] = {"send": {}, "recv": {}}
         for p in halves:
-            on[p.kind].setdefault(assignment.stream_of[p.start], p)
+            on[p.kind].setdefault(assignment.stream_of[p.key], p)
         for stream, p in on["send"].items():
             for other, q in on["recv"].items():
                 if other != stream:
@@ -101,12 +103,12 @@ class _Rule:
     def __init__(self, assignment: StreamAssignment) -> None:
         self.stream_of = assignment.stream_of
         self.flight = InFlight()
-        # grouping -> stream -> start name -> (pair, occurrences in flight)
+        # grouping -> stream -> pair key -> (pair, occurrences in flight)
         self.holders: dict[int, dict[int | None, dict[str, list[Any]]]] = {}
-        self.count: dict[str, int] = {}  # start name -> occurrences in flight
+        self.count: dict[str, int] = {}  # pair key -> occurrences in flight
 
     def start(self, p: AsyncPair) -> None:
-        stream = self.stream_of[p.start]
+        stream = self.stream_of[p.key]
         for grouping in self.flight.conflicts(p):
             for other, held in self.holders[grouping].items():
                 if other != stream:
@@ -115,30 +117,35 @@ class _Rule:
                         f"deadlock rule broken: {_name(q)} on stream {other} and {_name(p)} on "
                         f"stream {stream} are in flight together and share two or more devices"
                     )
-        self.count[p.start] = self.count.get(p.start, 0) + 1
+        self.count[p.key] = self.count.get(p.key, 0) + 1
         begun = self.flight.begin(p)
         if begun is not None:
             held = self.holders.setdefault(begun, {}).setdefault(stream, {})
-            held.setdefault(p.start, [p, 0])[1] += 1
+            held.setdefault(p.key, [p, 0])[1] += 1
 
     def done(self, p: AsyncPair) -> None:
-        if not self.count.get(p.start):
+        if not self.count.get(p.key):
             return  # a done met without its start (its computation entered mid-pair)
-        self.count[p.start] -= 1
+        self.count[p.key] -= 1
         grouping = self.flight.finish(p)
         if grouping is not None:
             by_stream = self.holders[grouping]
-            stream = self.stream_of[p.start]
-            entry = by_stream[stream][p.start]
+            stream = self.stream_of[p.key]
+            entry = by_stream[stream][p.key]
             entry[1] -= 1
             if not entry[1]:
-                del by_stream[stream][p.start]
+                del by_stream[stream][p.key]
                 if not by_stream[stream]:
                     del by_stream[stream]
 
 
 def _walk(module: Module, placed: dict[str, AsyncPair], assignment: StreamAssignment) -> None:
-    done_of = {p.done: p for p in placed.values()}
+    # Per computation, the pairs that start (True) or end at each position.
+    events: dict[str, dict[int, tuple[bool, AsyncPair]]] = {}
+    for p in placed.values():
+        at = events.setdefault(p.computation, {})
+        at[p.start_index], at[p.done_index] = (True, p), (False, p)
+    threads = _AsyncCalls(module, placed.values())
     budget = MAX_WALK
     reached: set[str] = set()
     roots = [module.entry] + [c for c in module.computations if not c.is_entry]
@@ -146,34 +153,108 @@ def _walk(module: Module, placed: dict[str, AsyncPair], assignment: StreamAssign
         if root.name in reached:
             continue
         rule = _Rule(assignment)
-        # A stack of (computation, next instruction index) frames.
-        stack = [(root, 0)]
+        # A stack of frames: a computation, its next instruction's index, its events, and
+        # the pairs of the async calls it has running, by the index of their done.
+        stack: list[_Frame] = [(root, 0, events.get(root.name, {}), {})]
         reached.add(root.name)
         while stack:
-            comp, i = stack.pop()
-            if i >= len(comp.instructions):
-                continue
-            budget -= 1
-            if budget < 0:
-                raise VerificationError(
-                    f"the program executes more than {MAX_WALK} instructions; too large to verify"
-                )
-            inst = comp.instructions[i]
-            stack.append((comp, i + 1))
-            if inst.name in placed and comp.name == placed[inst.name].computation:
-                rule.start(placed[inst.name])
-            elif inst.name in done_of and comp.name == done_of[inst.name].computation:
-                rule.done(done_of[inst.name])
-            if inst.opcode not in CONTROL_FLOW_CALLEES:
-                continue  # most instructions: they call nothing
-            called = [
-                callee
-                for _, name in control_flow_callees(inst)
-                if (callee := module.computation(name)) is not None
-            ]
-            for callee in reversed(called):  # the first runs first
-                reached.add(callee.name)
-                stack.append((callee, 0))
+            comp, i, at, running = stack.pop()
+            instructions = comp.instructions
+            while i < len(instructions):
+                budget -= 1
+                if budget < 0:
+                    raise VerificationError(
+                        f"the program executes more than {MAX_WALK} instructions; too large "
+                        "to verify"
+                    )
+                if running:
+                    for p in running.pop(i, ()):
+                        rule.done(p)
+                event = at.get(i)
+                if event is not None:
+                    if event[0]:
+                        rule.start(event[1])
+                    else:
+                        rule.done(event[1])
+                inst = instructions[i]
+                i += 1
+                calls = _CALLS.get(inst.opcode)
+                if calls is None:
+                    continue  # most instructions: they call nothing
+                if calls == "async":
+                    called = threads.calls(comp).get(i - 1)
+                    if called is not None:
+                        done, inside = called
+                        for p in inside:
+                            rule.start(p)
+                        running.setdefault(done, []).extend(inside)
+                    continue
+                # Control flow: the rest of this computation after its callees, the
+                # first of which runs first.
+                stack.append((comp, i, at, running))
+                for _, name in reversed(control_flow_callees(inst)):
+                    callee = module.computation(name)
+                    if callee is not None:
+                        reached.add(callee.name)
+                        stack.append((callee, 0, events.get(callee.name, {}), {}))
+                break
+            else:
+                for p in running.pop(None, ()):  # an async call without a done
+                    rule.done(p)
+
+
+# What an instruction calls, by opcode: computations as control flow, or another
+# thread's computation asynchronously.
+_CALLS = {**dict.fromkeys(CONTROL_FLOW_CALLEES, "control"), **dict.fromkeys(ASYNC_CALLS, "async")}
+_Frame = tuple[
+    Computation, int, dict[int, tuple[bool, AsyncPair]], dict[int | None, list[AsyncPair]]
+]
+
+
+class _AsyncCalls:
+    """The async calls of each computation that run a computation (on another thread),
+    with the placed pairs they run (in what they run, through control flow and nested
+    async calls), found on first use."""
+
+    def __init__(self, module: Module, placed: Iterable[AsyncPair]) -> None:
+        self.module = module
+        self._calls: dict[str, dict[int, tuple[int | None, list[AsyncPair]]]] = {}
+        self._inside: dict[str, list[AsyncPair]] = {}
+        self._by_computation: dict[str, list[AsyncPair]] = {}
+        for p in placed:
+            self._by_computation.setdefault(p.computation, []).append(p)
+
+    def calls(self, comp: Computation) -> dict[int, tuple[int | None, list[AsyncPair]]]:
+        """Start index -> (its done's index, the placed pairs it runs)."""
+        found = self._calls.get(comp.name)
+        if found is None:
+            found = self._calls[comp.name] = {
+                i: (done, [p for name in called for p in self.inside(name)])
+                for i, (done, called) in async_calls(self.module, comp).items()
+            }
+        return found
+
+    def inside(self, name: str) -> list[AsyncPair]:
+        """The placed pairs of computation ``name`` and of all it runs."""
+        found = self._inside.get(name)
+        if found is None:
+            found = []
+            seen, todo = {name}, [name]
+            while todo:
+                comp = self.module.computation(todo.pop())
+                if comp is None:
+                    continue
+                found.extend(self._by_computation.get(comp.name, ()))
+                called = [c for _, cs in async_calls(self.module, comp).values() for c in cs]
+                for inst in comp.instructions:
+                    if inst.opcode in CONTROL_FLOW_CALLEES:
+                        called.extend(c for _, c in control_flow_callees(inst))
+                for c in called:
+                    if c not in seen:
+                        seen.add(c)
+                        todo.append(c)
+            self._inside[name] = found
+        return found
 
 
 def _check_occurrences(pairs: list[AsyncPair], assignment: StreamAssignment) -> None:

@@ -19,17 +19,20 @@ Each concept has one module, each importing only those above it in this list:
   ``Configuration`` (with the predicted step's range), ``TuneResult`` (schema
   ``xla_streams.tune.v1``: ``to_json``, and ``from_json`` that admits only the
   options of ``xla_options.OPTIONS``, each typed and ranged; ``load_tune_result``),
-  ``TuneError``, the table and the command. Light: the plugin reads tune files
-  through it.
+  ``Dropped``, ``XlaOpinion``, ``TuneError``, the table and the command. Light:
+  the plugin reads tune files through it.
 - :mod:`~xla_streams.tuning.options`: the tuner's options (``TuneOptions``: each
   field's default, range and help, checked once), from which ``xla-streams tune``
   makes its flags.
 - :mod:`~xla_streams.tuning.cache`: the disk cache of compiled candidates (schema
-  ``xla_streams.tune_cache.v1``).
+  ``xla_streams.tune_cache.v2``).
 - :mod:`~xla_streams.tuning.compiling`: compiling a program's StableHLO deviceless,
-  in this process or in worker processes (``--jobs``), behind the cache.
+  with XLA's own estimate of each compile (its schedule dump), in this process or in
+  worker processes (``--jobs``), behind the cache.
 - :mod:`~xla_streams.tuning.cluster`: the same on a Ray cluster (``--ray``).
 - :mod:`~xla_streams.tuning.sources`: reading JAX's own dump or saved StableHLO.
+- :mod:`~xla_streams.tuning.opinion`: the second opinion, XLA's own estimate of
+  each compile beside ours, and its line on the recommendation.
 - :mod:`~xla_streams.tuning.search`: predicting a compiled option set (``Session``,
   ``Evaluation``, ``predict``, ``MemoryUse``), the budget and the progress bar, the
   search (coordinate descent with joint moves, then the check of every one- and

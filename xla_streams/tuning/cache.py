@@ -1,9 +1,9 @@
 """The tuner's disk cache of compiled candidates: a second ``xla-streams tune`` of an
 unchanged program compiles nothing.
 
-An entry is what one deviceless compile gave (the scheduled module's text and XLA's
-memory figures, or XLA's refusal of the options), stored under a key that is the
-SHA-256 of everything the compile depends on:
+An entry is what one deviceless compile gave (the scheduled module's text, XLA's
+memory figures and XLA's own estimate of its step, or XLA's refusal of the options),
+stored under a key that is the SHA-256 of everything the compile depends on:
 
 - the program: the SHA-256 of its StableHLO text, the ids of the devices it is
   assigned to and the compiler options ``jax.jit`` was given;
@@ -15,8 +15,9 @@ SHA-256 of everything the compile depends on:
 
 Files are ``<folder>/<key[:2]>/<key>.json.gz``, written atomically (a temporary file
 beside it, then a rename), so concurrent tuners share a folder safely. An entry
-(schema ``xla_streams.tune_cache.v1``) is what :meth:`Compiled.to_json` or
-:meth:`Refused.to_json` writes; one that cannot be read is treated as missing.
+(schema ``xla_streams.tune_cache.v2``) is what :meth:`Compiled.to_json` or
+:meth:`Refused.to_json` writes; one that cannot be read is treated as missing (so
+is an entry of the first version, which had no XLA estimate).
 JAX-free.
 """
 
@@ -35,8 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xla_streams import _json
+from xla_streams.tuning.result import XlaOpinion
 
-CACHE_SCHEMA = "xla_streams.tune_cache.v1"
+CACHE_SCHEMA = "xla_streams.tune_cache.v2"
 # Where the cache lives unless told otherwise (--cache-dir, cache_dir=).
 CACHE_ENV = "XLA_STREAMS_CACHE_DIR"
 # JAX settings from the environment that do not change what XLA compiles.
@@ -58,20 +60,31 @@ _NEUTRAL_JAX_ENV = frozenset(
 class Compiled:
     """One candidate's deviceless compile: the scheduled module as ``compiled.as_text()``
     prints it, XLA's memory figures per GPU (argument, output, alias, temp, heap peak),
-    the seconds the compile took, and whether it came from the cache."""
+    the seconds the compile took, XLA's own estimate of its step (None where there is
+    none, and ``xla_missing`` says why), whether the cache may keep it (``lasting``:
+    not when this package could not read the schedule XLA wrote, which a later version
+    may), and whether it came from the cache."""
 
     text: str
     memory: tuple[int, int, int, int, int]
     compile_s: float
+    xla: XlaOpinion | None = None
+    xla_missing: str = ""
+    lasting: bool = True
     cached: bool = False
 
     def to_json(self) -> dict[str, object]:
         """This compile's cache entry."""
+        xla = self.xla
         return {
             "schema": CACHE_SCHEMA,
             "text": self.text,
             "memory": list(self.memory),
             "compile_s": self.compile_s,
+            "xla_estimate": None
+            if xla is None
+            else {**xla.to_json(), "spans": [list(span) for span in xla.spans]},
+            "xla_missing": self.xla_missing,
         }
 
     @classmethod
@@ -84,7 +97,21 @@ class Compiled:
             doc["memory"].fail("expected 5 integers: argument, output, alias, temp, heap peak")
         argument, output, alias, temp, peak = memory
         figures = (argument, output, alias, temp, peak)
-        return cls(doc["text"].string(), figures, doc["compile_s"].number())
+        xla = doc["xla_estimate"].nullable(_xla_estimate)
+        missing = doc["xla_missing"].string()
+        return cls(doc["text"].string(), figures, doc["compile_s"].number(), xla, missing)
+
+
+def _xla_estimate(doc: _json.Value) -> XlaOpinion:
+    spans = []
+    for span in doc["spans"].items():
+        parts = span.items()
+        if len(parts) != 3:
+            span.fail("expected [start, span_us, runs]")
+        start, span_us, runs = parts
+        spans.append((start.string(), span_us.number(0), runs.integer(0)))
+    opinion = XlaOpinion.from_json(doc)
+    return dataclasses.replace(opinion, spans=tuple(spans))
 
 
 class Refused(Exception):

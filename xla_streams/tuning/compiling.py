@@ -8,6 +8,9 @@ turned into its text with source locations and its device assignment
 (``jax_compat.lowered_compile_inputs``; the compile is then byte for byte the one
 ``lowered.compile(compiler_options=...)`` gives). Text travels to other processes,
 and its SHA-256 keys the cache. Each process builds the compile-only topology once.
+Every compile also writes XLA's latency-hiding schedule, its own estimate of the
+step, into a folder of its own (:func:`schedule_dump`), read into an
+:class:`~xla_streams.tuning.result.XlaOpinion`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import queue
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -26,8 +30,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from xla_streams import aot, jax_compat
+from xla_streams.simulate.xla_estimate import (
+    ScheduleError,
+    XlaEstimate,
+    find_schedule,
+    read_schedule,
+)
 from xla_streams.tuning.cache import CompileCache, Compiled, Refused, compiler_identity, digest
-from xla_streams.tuning.result import first_line
+from xla_streams.tuning.result import XlaOpinion, first_line
 
 # What one compile may need, for the default number of worker processes.
 COMPILE_MEMORY_BYTES = 4 << 30
@@ -121,20 +131,63 @@ class Topology:
         self.devices = [by_id[i] for i in source.device_ids] if source.device_ids else ordered
 
 
+# -- XLA's own estimate -----------------------------------------------------------------
+
+
+def schedule_dump(folder: str) -> dict[str, object]:
+    """Compile options that make XLA write its latency-hiding schedule (its estimate of
+    every scheduled instruction's time) into ``folder``, and none of its module dumps
+    (no module is named by the empty pattern): a second opinion for the cost of a file."""
+    return {
+        "xla_dump_to": folder,
+        "xla_dump_latency_hiding_schedule": True,
+        "xla_dump_hlo_module_re": "^$",
+    }
+
+
+def xla_opinion(estimate: XlaEstimate) -> XlaOpinion:
+    """What the tuner keeps of XLA's estimate of one compile."""
+    return XlaOpinion(
+        step_ms=estimate.step_us / 1e3,
+        priced_step_ms=estimate.priced_step_us / 1e3,
+        exposed_communication_ms=estimate.exposed_communication_us / 1e3,
+        placeholders=tuple(p.start for p in estimate.placeholders if not p.collective),
+        unpriced=tuple(p.start for p in estimate.placeholders if p.collective),
+        spans=tuple((s.start, s.span_us, s.runs) for s in estimate.collectives),
+    )
+
+
+def _read_opinion(folder: str) -> tuple[XlaOpinion | None, str, bool]:
+    """XLA's estimate from the schedule a compile wrote into ``folder``, or None and why
+    there is none; and whether the cache may keep the compile: not when this package
+    could not read the schedule XLA wrote (a later version may)."""
+    try:
+        path = find_schedule(folder)
+    except ScheduleError:
+        return None, "XLA wrote no latency-hiding schedule (is its scheduler off?)", True
+    try:
+        return xla_opinion(read_schedule(path)), "", True
+    except ScheduleError as e:
+        return None, first_line(e), False
+
+
 def compile_source(
     source: ProgramSource, devices: Sequence[Any], options: Mapping[str, object]
 ) -> Compiled | Refused:
-    """One deviceless compile of ``source`` with ``options`` (over the jit's own)."""
+    """One deviceless compile of ``source`` with ``options`` (over the jit's own), with
+    XLA's own estimate of its step."""
     t0 = time.perf_counter()
-    try:
-        executable = jax_compat.compile_stablehlo(
-            source.text, devices, {**source.jit_options, **options}
-        )
-        text = "\n\n".join(m.to_string() for m in executable.hlo_modules())
-        stats = executable.get_compiled_memory_stats()
-    except Exception as e:
-        return Refused(first_line(e))
-    return Compiled(text, _memory(stats), time.perf_counter() - t0)
+    with tempfile.TemporaryDirectory(prefix="xla_streams_schedule_") as folder:
+        try:
+            executable = jax_compat.compile_stablehlo(
+                source.text, devices, {**source.jit_options, **options, **schedule_dump(folder)}
+            )
+            text = "\n\n".join(m.to_string() for m in executable.hlo_modules())
+        except Exception as e:
+            return Refused(first_line(e))
+        compile_s = time.perf_counter() - t0
+        memory = _memory_of(executable.get_compiled_memory_stats)
+        return Compiled(text, memory, compile_s, *_read_opinion(folder))
 
 
 class LocalCompiler:
@@ -310,14 +363,16 @@ class CallableCompiler:
         out: list[Compiled | Refused] = []
         for o in options:
             t0 = time.perf_counter()
-            try:
-                compiled = self._compile(dict(o))
-                text = compiled.as_text()
-                stats = compiled.memory_analysis()
-            except Exception as e:
-                out.append(Refused(first_line(e)))
-                continue
-            out.append(Compiled(text, _memory(stats), time.perf_counter() - t0))
+            with tempfile.TemporaryDirectory(prefix="xla_streams_schedule_") as folder:
+                try:
+                    compiled = self._compile({**o, **schedule_dump(folder)})
+                    text = compiled.as_text()
+                except Exception as e:
+                    out.append(Refused(first_line(e)))
+                    continue
+                compile_s = time.perf_counter() - t0
+                memory = _memory_of(compiled.memory_analysis)
+                out.append(Compiled(text, memory, compile_s, *_read_opinion(folder)))
         return out
 
     def will_compile(self, options: Mapping[str, object]) -> bool:
@@ -344,7 +399,8 @@ class CachedCompiler:
             fresh = self.inner.compile_many([options[i] for i in todo])
             for i, value in zip(todo, fresh, strict=True):
                 found[i] = value
-                self.cache.store(keys[i], value)
+                if not isinstance(value, Compiled) or value.lasting:
+                    self.cache.store(keys[i], value)
         return [f for f in found if f is not None]
 
     def will_compile(self, options: Mapping[str, object]) -> bool:
@@ -363,8 +419,14 @@ _MEMORY_FIELDS = (
 )
 
 
-def _memory(stats: Any) -> tuple[int, int, int, int, int]:
-    """XLA's compiled memory statistics as the fields above (0 where it has none)."""
+def _memory_of(analysis: Callable[[], Any]) -> tuple[int, int, int, int, int]:
+    """XLA's compiled memory statistics, from ``analysis()``, as the fields above: 0
+    where it has none, and all 0 where it gives none at all (the search then drops the
+    candidate: whether it fits is unknown)."""
+    try:
+        stats = analysis()
+    except Exception:
+        return 0, 0, 0, 0, 0
     arguments, outputs, aliased, temporaries, peak = (
         value if isinstance(value := getattr(stats, name, 0), int) else 0 for name in _MEMORY_FIELDS
     )

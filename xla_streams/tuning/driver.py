@@ -399,6 +399,7 @@ def _tune(
     result = recommend(
         session,
         outcome,
+        levers=chosen,
         skipped=skipped,
         notes=extra,
         topology=aot.topology_shape(devices, per_host, per_domain),

@@ -18,7 +18,9 @@ limit, collective matmul (windowed einsum), and the combine thresholds: all-redu
 swept from 16 MiB up in steps of 2 to the total all-reduced bytes, all-gather and
 reduce-scatter raised to at least one layer's size (NVIDIA's JAX-Toolbox guidance,
 "Tips for High-Performance LLMs with JAX and XLA"). Overlap limits above the largest
-stream count allowed are not offered.
+stream count allowed are not offered. The overlap limit, the pipeliners, double
+buffering and start-early pay together: each carries its setting in their joint
+move (:attr:`Lever.together`), which the search tries first.
 
 Levers a module cannot use are skipped, with the reason (:class:`Facts`, read from
 XLA's default compile by :func:`module_facts`). These skips are sound: the pipeliner
@@ -90,7 +92,10 @@ class Lever:
     the search also moves it together with double buffering. ``pairs``: the search's
     final check also changes it together with another such lever (the scheduling
     levers, which interact); the size levers (combine thresholds, collective matmul)
-    are checked one at a time."""
+    are checked one at a time. ``together``: it is one of the levers that pay
+    together (the overlap limit, the pipeliners, double buffering, start-early), and
+    its setting in their joint move (0: it stays at XLA's default there); the search
+    reaches these first."""
 
     name: str
     words: Mapping[str, str]
@@ -100,6 +105,7 @@ class Lever:
     with_double_buffering: bool = False
     pairs: bool = True
     aliases: tuple[str, ...] = ()
+    together: int | None = None
 
     @property
     def options(self) -> frozenset[str]:
@@ -227,11 +233,12 @@ def _flags(options: Mapping[str, object]) -> Flags:
     return dict(options)
 
 
-def _toggle(name: str, option: str, skip: Callable[[Facts], str | None]) -> Lever:
+def _toggle(
+    name: str, option: str, skip: Callable[[Facts], str | None], together: int | None = None
+) -> Lever:
     other = not xo.DEFAULTS[option]
-    return Lever(
-        name, {option: name}, ({}, {option: other}), ("default", "on" if other else "off"), skip
-    )
+    labels = ("default", "on" if other else "off")
+    return Lever(name, {option: name}, ({}, {option: other}), labels, skip, together=together)
 
 
 def _pipeline(kind: str) -> Lever:
@@ -247,6 +254,7 @@ def _pipeline(kind: str) -> Lever:
         ("default", other.removeprefix("COLLECTIVE_PIPELINING_MODE_").lower()),
         _skip_pipeline(kind),
         with_double_buffering=True,
+        together=1 if other == xo.PIPELINING_ON else 0,  # pipelining on, not off
     )
 
 
@@ -289,12 +297,13 @@ def levers(facts: Facts, max_streams: int = max(STREAM_COUNTS)) -> list[Lever]:
             ({}, *(_flags({xo.OVERLAP_LIMIT: v}) for v in limits)),
             ("1", *(str(v) for v in limits)),
             _skip_overlap,
+            together=1,  # the first limit above 1
         ),
         _pipeline("all-gather"),
         _pipeline("reduce-scatter"),
         _pipeline("all-reduce"),
-        _toggle("double-buffering", xo.WHILE_LOOP_DOUBLE_BUFFERING, _skip_double_buffering),
-        _toggle("start-early", xo.START_AS_EARLY_AS_POSSIBLE, _skip_start_early),
+        _toggle("double-buffering", xo.WHILE_LOOP_DOUBLE_BUFFERING, _skip_double_buffering, 1),
+        _toggle("start-early", xo.START_AS_EARLY_AS_POSSIBLE, _skip_start_early, 1),
         _toggle("xla-multi-streaming", xo.MULTI_STREAMING, _skip_multi_streaming),
         Lever(
             "scale-up-overlap-limit",

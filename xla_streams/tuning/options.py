@@ -21,7 +21,13 @@ from xla_streams import aot
 from xla_streams.collectives import MAX_STREAMS, STREAM_COUNTS, check_streams
 from xla_streams.hlo.attributes import MAX_DEVICES
 from xla_streams.tuning.levers import LEVER_ALIASES, LEVER_NAMES
-from xla_streams.tuning.result import DEFAULT_BUDGET_S, DEFAULT_HEADROOM, DEFAULT_SCRIPT, TuneError
+from xla_streams.tuning.result import (
+    DEFAULT_BUDGET_COMPILES,
+    DEFAULT_BUDGET_S,
+    DEFAULT_HEADROOM,
+    DEFAULT_SCRIPT,
+    TuneError,
+)
 
 # GPUs per host unless told: an H100/H200 HGX host.
 DEFAULT_DEVICES_PER_HOST = 8
@@ -138,8 +144,15 @@ class TuneOptions:
         f"one of {', '.join(TARGET_NAMES)}",
         lambda v: isinstance(v, str) and v.lower() in TARGET_NAMES, choices=TARGET_NAMES,
     )})  # fmt: skip
+    budget_compiles: int = field(default=DEFAULT_BUDGET_COMPILES, metadata={"about": About(
+        "Evaluate at most this many option sets (compiled now, from the cache, or dropped): "
+        "the budget that makes the search repeatable, the same result on a busy or a quiet "
+        "machine. The default lets the embedded 32-GPU programs finish their neighbour check.",
+        "a positive integer", lambda v: _integer(v, 1), "integer",
+    )})  # fmt: skip
     budget_s: float = field(default=DEFAULT_BUDGET_S, metadata={"about": About(
-        "Stop starting compiles once this many seconds are spent.",
+        "A safety limit on wall time: stop starting compiles once this many seconds are "
+        "spent (the result then says so: it depends on the machine's speed).",
         "a positive number of seconds", lambda v: _real(v) and v > 0, "number",
     )})  # fmt: skip
     headroom: float = field(default=DEFAULT_HEADROOM, metadata={"about": About(

@@ -23,7 +23,27 @@ from xla_streams.collectives import DEFAULT_POLICY, MAX_STREAMS, POLICIES, check
 from xla_streams.tuning.levers import describe, format_bytes
 
 SCHEMA = "xla_streams.tune.v1"
-DEFAULT_BUDGET_S = 300.0
+# The search evaluates at most this many option sets unless told. Measured with jax
+# 0.12.0.1, all levers (docs/tune.md, "The search"): the embedded 32-GPU
+# programs finish their neighbour check in 33 (multihost_32) to 89 (fsdp_tp_remat_scan)
+# evaluations; 200 leaves room for a move the check finds, the descent and the check
+# after it.
+DEFAULT_BUDGET_COMPILES = 200
+# The wall-time safety limit, twice what the default compile budget takes at most on
+# a busy 2-core machine (about 9 s an evaluation with 2 jobs: 1,800 s): the compile
+# budget ends a search first, so that its result does not depend on the machine.
+DEFAULT_BUDGET_S = 3600.0
+# What can end a search early (TuneResult.stopped_by; "" for nothing).
+STOPPED_BY = ("", "budget_compiles", "budget_s")
+# Why a candidate was dropped, in words: XLA refused or crashed on its options, this
+# package could not read or simulate its compiled module, or XLA gave no usable memory
+# figures for it.
+DROP_STAGES = {
+    "compile": "XLA refused it",
+    "read": "its compiled module could not be read",
+    "simulate": "its compiled module could not be simulated",
+    "memory": "its memory could not be checked",
+}
 DEFAULT_HEADROOM = 0.10
 DEFAULT_SCRIPT = "python train.py"
 
@@ -42,6 +62,48 @@ def first_line(e: BaseException) -> str:
 
 
 # -- results -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class XlaOpinion:
+    """XLA's own estimate of a compiled module: what its latency-hiding scheduler predicted
+    (:mod:`xla_streams.simulate.xla_estimate`), a second opinion beside the simulator's.
+
+    ``priced_step_ms`` is the one compared: the step without the waits on XLA's
+    placeholders, the async computations it cannot price and charges a flat 5 ms (async
+    fusions; ``placeholders`` names their start instructions); ``step_ms`` keeps them.
+    ``unpriced`` are the collectives XLA could not price either and charged the same
+    5 ms: their waits stay in (they are communication), so with any of them XLA's
+    figures are no opinion on the communication. ``spans`` (kept in memory, not
+    written) are the async collectives XLA priced: their start, the time XLA's schedule
+    lets each run (at least the latency XLA charged it) in microseconds, and runs per
+    step."""
+
+    step_ms: float
+    priced_step_ms: float
+    exposed_communication_ms: float
+    placeholders: tuple[str, ...] = ()
+    unpriced: tuple[str, ...] = ()
+    spans: tuple[tuple[str, float, int], ...] = field(default=(), compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step_ms": round(self.step_ms, 6),
+            "priced_step_ms": round(self.priced_step_ms, 6),
+            "exposed_communication_ms": round(self.exposed_communication_ms, 6),
+            "placeholders": list(self.placeholders),
+            "unpriced": list(self.unpriced),
+        }
+
+    @classmethod
+    def from_json(cls, doc: _json.Value) -> XlaOpinion:
+        return cls(
+            step_ms=doc["step_ms"].number(0),
+            priced_step_ms=doc["priced_step_ms"].number(0),
+            exposed_communication_ms=doc["exposed_communication_ms"].number(0),
+            placeholders=_strings(doc["placeholders"]),
+            unpriced=_strings(doc["unpriced"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -66,6 +128,7 @@ class Configuration:
     # error bound (low), at the pessimistic end plus interference (high).
     step_low_ms: float | None = None
     step_high_ms: float | None = None
+    xla: XlaOpinion | None = None  # XLA's own estimate of the same compiled module
 
     @property
     def settings(self) -> str:
@@ -88,6 +151,8 @@ class Configuration:
                 "expected": round(self.predicted_step_ms, 6),
                 "high": round(self.step_high_ms, 6),
             }
+        if self.xla is not None:
+            out["xla_estimate"] = self.xla.to_json()
         if candidate:
             out["compile_s"] = round(self.compile_s or 0.0, 3)
             out["fits"] = self.fits
@@ -104,18 +169,7 @@ class Configuration:
         the field that is wrong. Its ``xla_flags`` may only be options the tuner searches
         (``xla_options.OPTIONS``), each typed and ranged: a value can never add a flag of
         its own to ``XLA_FLAGS``, nor abort XLA's flag parser."""
-        flags = doc["xla_flags"]
-        xla_flags = {}
-        for name, value in flags.fields().items():
-            if name not in xo.OPTIONS:
-                flags.fail(
-                    f"{_short(name)!r} is not an option xla-streams tune searches (those are "
-                    f"the {len(xo.OPTIONS)} options of xla_streams/xla_options.py)"
-                )
-            try:
-                xla_flags[name] = xo.check_option(name, value.raw)
-            except ValueError as e:
-                value.fail(str(e))
+        xla_flags = _xla_flags(doc["xla_flags"])
         streams = doc["streams"].integer()
         try:
             check_streams(streams)
@@ -135,6 +189,59 @@ class Configuration:
             by_streams=by_streams,
             step_low_ms=spread["low"].number() if spread is not None else None,
             step_high_ms=spread["high"].number() if spread is not None else None,
+            xla=_optional(doc, "xla_estimate", XlaOpinion.from_json, None),
+        )
+
+
+def _xla_flags(flags: _json.Value) -> dict[str, object]:
+    """A configuration's ``xla_flags``: only options the tuner searches, each typed and
+    ranged (a value can never add a flag of its own to ``XLA_FLAGS``)."""
+    xla_flags = {}
+    for name, value in flags.fields().items():
+        if name not in xo.OPTIONS:
+            flags.fail(
+                f"{_short(name)!r} is not an option xla-streams tune searches (those are "
+                f"the {len(xo.OPTIONS)} options of xla_streams/xla_options.py)"
+            )
+        try:
+            xla_flags[name] = xo.check_option(name, value.raw)
+        except ValueError as e:
+            value.fail(str(e))
+    return xla_flags
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A candidate the search could not use, and why: ``stage`` (a key of
+    :data:`DROP_STAGES`) and XLA's or this package's first line."""
+
+    xla_flags: Mapping[str, object]
+    stage: str
+    reason: str
+
+    @property
+    def settings(self) -> str:
+        return describe(self.xla_flags)
+
+    @property
+    def words(self) -> str:
+        """What went wrong, for people: ``its compiled module could not be read: ...``."""
+        return f"{DROP_STAGES[self.stage]}: {self.reason}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "xla_flags": dict(sorted(self.xla_flags.items())),
+            "settings": self.settings,
+            "stage": self.stage,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_json(cls, doc: _json.Value) -> Dropped:
+        return cls(
+            xla_flags=_xla_flags(doc["xla_flags"]),
+            stage=doc["stage"].one_of(tuple(DROP_STAGES)),
+            reason=doc["reason"].string(),
         )
 
 
@@ -161,9 +268,16 @@ class TuneResult:
     compiles: int = 0  # XLA compiles this run made (not those the disk cache held)
     script: str = DEFAULT_SCRIPT
     cache_hits: int = 0  # option sets whose compile came from the disk cache
-    evaluated: int = 0  # option sets evaluated (compiled, cached or refused)
+    evaluated: int = 0  # option sets evaluated (compiled, cached or dropped)
     guarantee: str = ""  # what the search proved of its result, in words
     topology: str = ""  # the compile-only topology, <partitions>x<hosts>x<devices>
+    dropped: tuple[Dropped, ...] = ()  # candidates the search could not use, and why
+    budget_compiles: int = DEFAULT_BUDGET_COMPILES
+    # What ended the search early: "budget_compiles", "budget_s" (the wall-time safety
+    # limit: then the result depends on the machine's speed), or "" (nothing).
+    stopped_by: str = ""
+    # XLA's own estimate on the recommendation, in one line (empty without one).
+    second_opinion: str = ""
     # The recommendation's scheduled module (compiled.as_text()); not in the JSON.
     best_hlo: str = field(default="", repr=False, compare=False)
 
@@ -200,6 +314,10 @@ class TuneResult:
             "evaluated": self.evaluated,
             "guarantee": self.guarantee,
             "topology": self.topology,
+            "dropped": [d.to_json() for d in self.dropped],
+            "budget_compiles": self.budget_compiles,
+            "stopped_by": self.stopped_by,
+            "second_opinion": self.second_opinion,
             "elapsed_s": round(self.elapsed_s, 1),
             "budget_s": self.budget_s,
         }
@@ -234,6 +352,10 @@ class TuneResult:
             evaluated=_optional(doc, "evaluated", _count, 0),
             guarantee=_optional(doc, "guarantee", _json.Value.string, ""),
             topology=_optional(doc, "topology", _json.Value.string, ""),
+            dropped=_optional(doc, "dropped", _dropped, ()),
+            budget_compiles=_optional(doc, "budget_compiles", _count, DEFAULT_BUDGET_COMPILES),
+            stopped_by=_optional(doc, "stopped_by", _stopped_by, ""),
+            second_opinion=_optional(doc, "second_opinion", _json.Value.string, ""),
         )
 
     def json_text(self) -> str:
@@ -261,6 +383,18 @@ def command_line(
     return " ".join(parts)
 
 
+def xla_speedup(base: Configuration, c: Configuration) -> float | None:
+    """XLA's own estimate of how much faster ``c`` is than ``base`` (None without one)."""
+    if base.xla is None or c.xla is None or c.xla.priced_step_ms <= 0:
+        return None
+    return base.xla.priced_step_ms / c.xla.priced_step_ms
+
+
+def _xla_speedup_words(base: Configuration, c: Configuration) -> str:
+    found = xla_speedup(base, c)
+    return "-" if found is None else f"{found:.3f}x"
+
+
 def _range_words(c: Configuration) -> str:
     if c.step_low_ms is None or c.step_high_ms is None:
         return "-"
@@ -276,7 +410,8 @@ def format_result(result: TuneResult) -> str:
         + (f" (topology {result.topology})" if result.topology else "")
         + f"; {result.compiles} compiles"
         + (f", {result.cache_hits} from the cache" if result.cache_hits else "")
-        + f" in {result.elapsed_s:.0f} s (budget {result.budget_s:.0f} s)",
+        + f" in {result.elapsed_s:.0f} s (budget {result.budget_compiles} compiles, "
+        f"time limit {result.budget_s:.0f} s)",
     ]
     if result.hbm_bytes:
         lines.append(
@@ -290,6 +425,8 @@ def format_result(result: TuneResult) -> str:
         "exposed ms",
         "memory",
         "speedup",
+        "XLA ms",
+        "XLA x",
         "K",
         "policy",
         "compile s",
@@ -314,13 +451,17 @@ def format_result(result: TuneResult) -> str:
                 f"{base.predicted_step_ms / c.predicted_step_ms:.3f}x"
                 if c.predicted_step_ms
                 else "-",
+                f"{c.xla.priced_step_ms:.3f}" if c.xla is not None else "-",
+                _xla_speedup_words(base, c),
                 str(c.streams),
                 c.policy,
                 f"{c.compile_s or 0.0:.1f}",
                 c.settings + mark,
             ]
         )
-    lines += aligned(rows, right={0, 1, 2, 3, 4, 5, 6, 8}, indent="  ")
+    for d in result.dropped:
+        rows.append(["-", *("-" for _ in header[1:-1]), f"{d.settings}  <- dropped: {d.words}"])
+    lines += aligned(rows, right={0, 1, 2, 3, 4, 5, 6, 7, 8, 10}, indent="  ")
     best = result.best
     delta = best.peak_memory_bytes - base.peak_memory_bytes
     if result.best.xla_flags == base.xla_flags and best.streams == base.streams:
@@ -342,6 +483,8 @@ def format_result(result: TuneResult) -> str:
             if base.peak_memory_bytes
             else f"memory: {format_bytes(best.peak_memory_bytes)} per GPU"
         )
+    if result.second_opinion:
+        lines.append(f"XLA's estimate: {result.second_opinion}")
     if result.guarantee:
         lines.append(f"search: {result.guarantee}")
     lines.append(f"command: {result.command}")
@@ -396,6 +539,14 @@ def _step_by_streams(value: _json.Value) -> dict[int, float]:
             step.fail("expected a stream count as the key")
         out[int(k)] = step.number(0)
     return out
+
+
+def _dropped(value: _json.Value) -> tuple[Dropped, ...]:
+    return tuple(Dropped.from_json(item) for item in value.items())
+
+
+def _stopped_by(value: _json.Value) -> str:
+    return value.one_of(STOPPED_BY)
 
 
 def _short(text: str) -> str:

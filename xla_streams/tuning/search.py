@@ -21,17 +21,25 @@ once per process, compile options every time), one setting per lever
   whose compiled modules are the same text get the same prediction: it is
   simulated once. Compiles are cached on disk, and a batch of them runs in
   parallel (``--jobs``).
-- Coordinate descent from XLA's defaults, over the levers in the order their
-  effect is expected: each lever's settings are tried from the current best (a
-  pipeliner also together with double buffering: that pair pays as a set on scan
-  models, where neither pays alone), the best that is faster by ``MIN_GAIN``
-  (0.5%) and fits in memory is kept, and passes repeat, re-trying a lever only
-  when its context changed, until one changes nothing.
+- First the joint move of the levers that pay together (the overlap limit, the
+  pipeliners, double buffering, start-early: :attr:`Lever.together`), kept when it
+  is faster by ``MIN_GAIN`` (0.5%) and fits: on scan models none pays alone.
+- Coordinate descent from there, over the levers in the order their effect is
+  expected: each lever's settings are tried from the current best (a pipeliner
+  also together with double buffering: that pair pays as a set on scan models,
+  where neither pays alone), the best that is faster by ``MIN_GAIN`` and fits in
+  memory is kept, and passes repeat, re-trying a lever only when its context
+  changed, until one changes nothing.
 - Then a check of the result: every configuration that differs from it in one
   lever, or in two of the scheduling levers (the size levers, combine thresholds
   and collective matmul, one at a time), is compiled (those the descent has not
-  already), in parallel batches. As soon as one is faster by ``MIN_GAIN`` the
-  search moves there and descends again.
+  already), in parallel batches, the changes of the levers that pay together
+  first. As soon as one is faster by ``MIN_GAIN`` the search moves there and
+  descends again.
+- A candidate that cannot be used is dropped with its reason (:class:`Dropped`:
+  XLA refused or crashed on it, its module cannot be read or simulated, XLA gave
+  no usable memory figures) and the search goes on; only XLA's defaults failing
+  is an error.
 
 **What it guarantees**: the result is a configuration that no change of one lever,
 nor of two scheduling levers, makes faster by ``MIN_GAIN`` or more (among those
@@ -42,6 +50,12 @@ at most two levers that can act (a program without while loops: the overlap limi
 and start-early) the check covers the whole grid and the result is its best. When
 the budget stops the search first, the result says how far the check got (or
 that it makes no claim, when it stopped before the check).
+
+**And it is repeatable**: the budget is in compiles (``budget_compiles``: every
+option set evaluated counts, compiled now, from the cache or dropped), so the
+same program, target, options and compile budget give the same result on a busy
+and on a quiet machine, from the cache or not. Wall time (``budget_s``) is only a
+safety limit; when it stops the search, the result says it is not repeatable.
 
 The recommendation
 ------------------
@@ -68,10 +82,13 @@ all inputs together), and anything outside the stated bounds. Otherwise the
 recommendation is XLA's defaults with one stream, with the reasons. Ties go to
 fewer streams, then the interval policy.
 
-The budget (``--budget-s``, default 300 s) counts everything from the start; a
-batch of compiles is started only as far as the slowest compile so far would
-still fit (compiles the cache holds are free). The search is deterministic for
-the same inputs as long as it ends before the budget.
+The time limit (``--budget-s``, default 3600 s) counts everything from the start;
+a batch of compiles is started only as far as the slowest compile so far would
+still fit (compiles the cache holds are free).
+
+Beside each prediction is XLA's own estimate of the same compile, and the
+recommendation gets a line on whether XLA's estimate favours it
+(:mod:`~xla_streams.tuning.opinion`).
 
 Memory
 ------
@@ -112,13 +129,14 @@ import math
 import os
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
 from xla_streams import xla_options as xo
 from xla_streams.collectives import DEFAULT_POLICY, POLICIES, STREAM_COUNTS, StreamModel
-from xla_streams.hlo import Module, parse_module
+from xla_streams.hlo import HloError, Module, parse_module
 from xla_streams.simulate import (
     PredictionRange,
     Profile,
@@ -144,8 +162,18 @@ from xla_streams.tuning.levers import (
     module_facts,
     overlap_limit,
 )
+from xla_streams.tuning.opinion import Candidate, placeholder_notes, second_opinion
 from xla_streams.tuning.options import TuneOptions
-from xla_streams.tuning.result import Configuration, TuneError, TuneResult, command_line
+from xla_streams.tuning.result import (
+    DROP_STAGES,
+    Configuration,
+    Dropped,
+    TuneError,
+    TuneResult,
+    XlaOpinion,
+    command_line,
+    first_line,
+)
 
 # The recommendation must beat XLA's defaults by this fraction, or the defaults stay.
 MIN_SPEEDUP = 0.01
@@ -177,6 +205,18 @@ class MemoryUse:
         """What the executable holds at once: temp + argument + output - alias."""
         return self.temp + self.argument + self.output - self.alias
 
+    def problem(self) -> str | None:
+        """Why these figures cannot say whether a configuration fits (None: they can)."""
+        figures = (self.argument, self.output, self.alias, self.temp)
+        if not any(figures):
+            return "XLA gave no memory figures for it (compiled.memory_analysis())"
+        if min(figures) < 0 or self.peak <= 0:
+            return (
+                f"XLA's memory figures do not add up: temp {self.temp} + argument "
+                f"{self.argument} + output {self.output} - alias {self.alias} = {self.peak} B"
+            )
+        return None
+
 
 # -- predicting one compiled module --------------------------------------------------------------
 
@@ -198,6 +238,16 @@ def _best_key(results: Predictions) -> Key:
     return min(results, key=lambda k: (results[k][0], k[0], _policy_index(k[1])))
 
 
+class Unusable(Exception):
+    """A compiled candidate the search cannot use: the ``stage`` that failed (a key of
+    :data:`~xla_streams.tuning.result.DROP_STAGES`) and why."""
+
+    def __init__(self, stage: str, reason: str) -> None:
+        super().__init__(f"{stage}: {reason}")
+        self.stage = stage
+        self.reason = reason
+
+
 def predict(
     text: str,
     flags: Mapping[str, object],
@@ -207,10 +257,31 @@ def predict(
     sync_on_compute: bool = True,
     profile: Profile | None = None,
 ) -> Prediction:
-    """The :class:`Prediction` for the scheduled module ``text`` compiled with ``flags``."""
-    module = parse_module(text, "<tune>")
+    """The :class:`Prediction` for the scheduled module ``text`` compiled with ``flags``.
+    :class:`Unusable` when the module cannot be read (parsed, its async pairs found) or
+    simulated: any error of the simulator on one candidate drops that candidate, never
+    the search."""
     limit = overlap_limit(flags)
-    pairs = tuple(find_async_pairs(module, StreamModel(limit, sync_on_compute)))
+    try:
+        module = parse_module(text, "<tune>")
+        pairs = tuple(find_async_pairs(module, StreamModel(limit, sync_on_compute)))
+    except (HloError, ValueError) as e:
+        raise Unusable("read", first_line(e)) from None
+    try:
+        return _simulate(module, pairs, flags, target, streams, profile)
+    except Exception as e:
+        raise Unusable("simulate", first_line(e)) from None
+
+
+def _simulate(
+    module: Module,
+    pairs: tuple[AsyncPair, ...],
+    flags: Mapping[str, object],
+    target: Target,
+    streams: Sequence[int],
+    profile: Profile | None,
+) -> Prediction:
+    limit = overlap_limit(flags)
     measured = profile.for_module(module) if profile is not None else None
     simulator = Simulator(module, target, pairs, measured=measured)
     results: Predictions = {}
@@ -262,6 +333,9 @@ class Evaluation:
     fingerprint: str = ""  # SHA-256 of text
     cached: bool = False  # the compile came from the disk cache
     shared: bool = False  # another candidate compiled to the same text
+    xla: XlaOpinion | None = None  # XLA's own estimate of the same compile
+    xla_missing: str = ""  # why there is none
+    prediction: Prediction | None = field(default=None, repr=False)  # module and pairs
 
     @property
     def best_key(self) -> Key:
@@ -293,6 +367,7 @@ class Evaluation:
             by_streams=by_streams if candidate else {},
             step_low_ms=spread.low * 1e3 if spread is not None else None,
             step_high_ms=spread.high * 1e3 if spread is not None else None,
+            xla=self.xla,
         )
 
 
@@ -341,7 +416,21 @@ class Progress:
 
 
 class BudgetSpent(Exception):
-    """The next compile would not finish within the budget (its label)."""
+    """The budget stops the search before the next compile: its label, which budget
+    (``budget_compiles``, or ``budget_s``, the wall-time safety limit) and its limit in
+    words (``200 compiles``)."""
+
+    def __init__(self, label: str, budget: str = "budget_compiles", limit: str = "") -> None:
+        super().__init__(label, budget, limit)
+        self.label = label
+        self.budget = budget
+        self.limit = limit
+
+    @property
+    def words(self) -> str:
+        """``the compile budget (200 compiles)``, ``the time limit (3600 s)``."""
+        name = "the time limit" if self.budget == "budget_s" else "the compile budget"
+        return f"{name} ({self.limit})" if self.limit else name
 
 
 _NO_SUCH_OPTION = re.compile(r"No such compile option: '([A-Za-z0-9_]+)'")
@@ -363,7 +452,7 @@ class Session:
     sync_on_compute: bool
     profile: Profile | None = None
     evaluations: dict[str, Evaluation] = field(default_factory=dict)
-    failures: dict[str, str] = field(default_factory=dict)  # key -> XLA's message
+    dropped: dict[str, Dropped] = field(default_factory=dict)  # key -> why it was dropped
     durations: list[float] = field(default_factory=list)  # seconds per real compile
     predict_durations: list[float] = field(default_factory=list)  # seconds per prediction
     facts: Facts | None = None
@@ -381,6 +470,12 @@ class Session:
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
+    @property
+    def evaluated(self) -> int:
+        """Option sets evaluated so far, each one of the compile budget: compiled,
+        from the cache, or dropped."""
+        return len(self.evaluations) + len(self.dropped)
+
     def start_baseline(self) -> Evaluation:
         """Compile XLA's defaults; an option this XLA does not know is dropped from
         every compile (and from the levers) and the baseline compiled again."""
@@ -394,7 +489,11 @@ class Session:
                     self.say(f"  this XLA has no option {match.group(1)}: not searched")
                     continue
                 raise TuneError(f"XLA could not compile the program: {compiled}")
-            ev = self._add({}, "XLA defaults (the baseline)", compiled)
+            try:
+                ev = self._add({}, "XLA defaults (the baseline)", compiled)
+            except Unusable as e:
+                # Nothing to compare the candidates with: only here is it an error.
+                raise TuneError(f"XLA's defaults: {DROP_STAGES[e.stage]}: {e.reason}") from None
             self.baseline = ev
             return ev
 
@@ -429,14 +528,20 @@ class Session:
 
     def evaluate_many(self, requests: Sequence[tuple[Flags, str]]) -> list[Evaluation | None]:
         """Compile (in parallel, where the compiler has workers) and predict each option
-        set not evaluated yet; None where XLA refused it. Raises :class:`BudgetSpent`
-        when a compile would not finish within the budget (those before it are kept)."""
+        set not evaluated yet; None where it was dropped (:class:`Dropped`). Raises
+        :class:`BudgetSpent` when the compile budget is spent, or when a compile would
+        not finish within the wall-time limit (those before it are kept)."""
         todo: dict[str, tuple[Flags, str]] = {}
         for flags, label in requests:
             key = _key(flags)
-            if key not in self.evaluations and key not in self.failures and key not in todo:
+            if key not in self.evaluations and key not in self.dropped and key not in todo:
                 todo[key] = (flags, label)
-        stop: str | None = None
+        stop: BudgetSpent | None = None
+        left = self.options.budget_compiles - self.evaluated
+        if len(todo) > left:
+            limit = f"{self.options.budget_compiles} compiles"
+            stop = BudgetSpent(list(todo.values())[max(left, 0)][1], "budget_compiles", limit)
+            todo = dict(list(todo.items())[: max(left, 0)])
         if todo and self.durations:
             real = [
                 k
@@ -445,30 +550,37 @@ class Session:
             ]
             allowed = self._fits_in_budget(len(real))
             if len(real) > allowed:
-                stop = todo[real[allowed]][1]
+                limit = f"{self.options.budget_s:.0f} s"
+                stop = BudgetSpent(todo[real[allowed]][1], "budget_s", limit)
                 for k in real[allowed:]:
                     del todo[k]
         if todo:
             items = list(todo.items())
-            done = len(self.evaluations) + len(self.failures)
             for i, (_, (_, label)) in enumerate(items):
-                self.say(f"compile {done + i + 1}: {label}")
+                self.say(f"compile {self.evaluated + i + 1}: {label}")
             compiled = self._compile([flags for _, (flags, _) in items])
             for (key, (flags, label)), result in zip(items, compiled, strict=True):
-                if isinstance(result, Refused):
-                    self.failures[key] = str(result)
-                    self.say(f"  XLA refused {describe(flags)}: {result}")
-                    continue
-                self._add(flags, label, result)
+                try:
+                    if isinstance(result, Refused):
+                        raise Unusable("compile", str(result))
+                    self._add(flags, label, result)
+                except Unusable as e:
+                    self.dropped[key] = Dropped(dict(flags), e.stage, e.reason)
+                    self.say(f"  dropped {describe(flags)}: {DROP_STAGES[e.stage]}: {e.reason}")
         if stop is not None:
-            raise BudgetSpent(stop)
+            raise stop
         out: list[Evaluation | None] = []
         for flags, _ in requests:
             out.append(self.evaluations.get(_key(flags)))
         return out
 
     def _add(self, flags: Flags, label: str, compiled: Compiled) -> Evaluation:
+        """The evaluation of one compile; :class:`Unusable` when it cannot be read,
+        simulated or memory-checked."""
         memory = MemoryUse(*compiled.memory)
+        problem = memory.problem()
+        if problem is not None:
+            raise Unusable("memory", problem)
         fingerprint = hashlib.sha256(compiled.text.encode("utf-8")).hexdigest()
         limit = overlap_limit(flags)
         pkey = (
@@ -507,6 +619,9 @@ class Session:
             fingerprint=fingerprint,
             cached=compiled.cached,
             shared=shared,
+            xla=compiled.xla,
+            xla_missing=compiled.xla_missing,
+            prediction=p,
         )
         self.evaluations[_key(flags)] = ev
         base = self.baseline.step if self.baseline else ev.step
@@ -514,8 +629,9 @@ class Session:
         spread = ev.range()
         ends = f" [{spread.low * 1e3:.3f}-{spread.high * 1e3:.3f}]" if spread else ""
         how = "from the cache" if compiled.cached else f"compiled in {compiled.compile_s:.1f}s"
+        xla = f", XLA {ev.xla.priced_step_ms:.3f} ms" if ev.xla is not None else ""
         self.say(
-            f"  {ev.step * 1e3:.3f} ms{ends} ({base / ev.step:.3f}x) with K={k} {policy}, "
+            f"  {ev.step * 1e3:.3f} ms{ends} ({base / ev.step:.3f}x) with K={k} {policy}{xla}, "
             f"{format_bytes(memory.peak)}{'' if ev.fits else ' (does not fit)'}, {how}"
             + (" (same module as an earlier candidate)" if shared else "")
         )
@@ -546,6 +662,7 @@ class Outcome:
     neighbours: int
     notes: list[str]
     guarantee: str
+    stopped_by: str = ""  # the budget that stopped it (BudgetSpent.budget), "" for none
 
 
 def _replace(point: Point, index: int, value: int) -> Point:
@@ -554,7 +671,21 @@ def _replace(point: Point, index: int, value: int) -> Point:
 
 def neighbours(chosen: Sequence[Lever], point: Point) -> list[Point]:
     """Every configuration that differs from ``point`` in one lever, or in two levers
-    that pair (:attr:`Lever.pairs`), in lever order."""
+    that pair (:attr:`Lever.pairs`): first those that change only levers that pay
+    together (:attr:`Lever.together`), then the other single changes, then the other
+    pairs, each in lever order."""
+    every = _neighbours(chosen, point)
+
+    def group(other: Point) -> int:
+        changed = [i for i, (a, b) in enumerate(zip(other, point, strict=True)) if a != b]
+        if all(chosen[i].together is not None for i in changed):
+            return 0
+        return 1 if len(changed) == 1 else 2
+
+    return sorted(every, key=group)  # stable: lever order within each group
+
+
+def _neighbours(chosen: Sequence[Lever], point: Point) -> list[Point]:
     out: list[Point] = []
     n = len(chosen)
     for i in range(n):
@@ -577,8 +708,9 @@ def neighbours(chosen: Sequence[Lever], point: Point) -> list[Point]:
 
 
 def search(session: Evaluator, chosen: Sequence[Lever]) -> Outcome:
-    """Coordinate descent with joint moves from the baseline, then the check of every one-
-    and two-lever neighbour of the result (see the module docstring)."""
+    """The joint move of the levers that pay together, coordinate descent with joint
+    moves, then the check of every one- and two-lever neighbour of the result (see the
+    module docstring)."""
     base = session.baseline
     start: Point = tuple(0 for _ in chosen)
     known: dict[Point, Any] = {start: base}
@@ -606,7 +738,13 @@ def search(session: Evaluator, chosen: Sequence[Lever]) -> Outcome:
     checked = total = 0
     notes: list[str] = []
     certified = False
+    stopped: BudgetSpent | None = None
     try:
+        joint: Point = tuple(lv.together or 0 for lv in chosen)
+        if joint != start:
+            best = best_of([joint], "the levers that pay together")
+            if best is not None and gains(best[1], cur_ev):
+                current, cur_ev = best
         while True:
             while True:  # coordinate descent
                 changed = False
@@ -645,21 +783,22 @@ def search(session: Evaluator, chosen: Sequence[Lever]) -> Outcome:
             certified = True
             break
     except BudgetSpent as stop:
+        stopped = stop
         partial = (
             f"; {checked} of the {total} neighbours of the result checked, none faster"
             if total
             else ""
         )
         notes.append(
-            f"the budget stopped the search before {stop.args[0]}: the result is the best "
+            f"{stop.words} stopped the search before {stop.label}: the result is the best "
             f"found so far{partial}"
         )
     paired = [lv.name for lv in chosen if lv.pairs]
     single = [lv.name for lv in chosen if not lv.pairs]
-    if not certified and total:
+    if stopped is not None and total:
         guarantee = (
-            f"partial: the budget stopped the check after {checked} of the {total} one- and "
-            f"two-lever neighbours (none of those faster by {MIN_GAIN:.1%})"
+            f"partial: {stopped.words} stopped the check after {checked} of the {total} one- "
+            f"and two-lever neighbours (none of those faster by {MIN_GAIN:.1%})"
         )
     elif certified:
         guarantee = (
@@ -672,7 +811,23 @@ def search(session: Evaluator, chosen: Sequence[Lever]) -> Outcome:
             guarantee += ": that is every configuration of these levers, so it is their best"
     else:
         guarantee = "none: the search did not finish"
-    return Outcome(cur_ev, current, certified, checked, notes, guarantee)
+    stopped_by = stopped.budget if stopped is not None else ""
+    return Outcome(
+        cur_ev, current, certified, checked, notes, guarantee + _repeatable(stopped_by), stopped_by
+    )
+
+
+def _repeatable(stopped_by: str) -> str:
+    """What the result promises about running the search again."""
+    if stopped_by == "budget_s":
+        return (
+            "; not repeatable: the time limit, not the compile budget, ended the search, so "
+            "a faster or less busy machine goes further (raise --budget-s)"
+        )
+    return (
+        "; repeatable: the same program, target, options and compile budget give this "
+        "result on any machine, busy or quiet, from the cache or not"
+    )
 
 
 def exhaustive(session: Evaluator, chosen: Sequence[Lever]) -> Outcome:
@@ -681,14 +836,15 @@ def exhaustive(session: Evaluator, chosen: Sequence[Lever]) -> Outcome:
     points = list(itertools.product(*(range(len(lv.settings)) for lv in chosen)))
     base = session.baseline
     notes: list[str] = []
+    stopped_by = ""
     try:
         found = session.evaluate_many(
             [(flags_of(chosen, p), f"{describe_point(chosen, p)} (grid)") for p in points]
         )
         certified = True
     except BudgetSpent as stop:
-        notes.append(f"the budget stopped the grid before {stop.args[0]}")
-        found, certified = [], False
+        notes.append(f"{stop.words} stopped the grid before {stop.label}")
+        found, certified, stopped_by = [], False, stop.budget
     best_point: Point = tuple(0 for _ in chosen)
     best = base
     for p, ev in zip(points, found, strict=False):
@@ -700,7 +856,7 @@ def exhaustive(session: Evaluator, chosen: Sequence[Lever]) -> Outcome:
         if certified
         else "none: the grid did not finish"
     )
-    return Outcome(best, best_point, certified, len(points), notes, guarantee)
+    return Outcome(best, best_point, certified, len(points), notes, guarantee, stopped_by)
 
 
 # -- the recommendation ------------------------------------------------------------------------
@@ -710,14 +866,16 @@ def recommend(
     session: Session,
     outcome: Outcome,
     *,
+    levers: Sequence[Lever] = (),
     skipped: Sequence[str],
     notes: Sequence[str],
     topology: str = "",
 ) -> TuneResult:
-    """The result of the search of ``session`` that found ``outcome``: its best, or XLA's
-    defaults with the reasons nothing beats them (see the module docstring), for the
-    program and topology of the session's options; ``skipped`` are the levers not
-    searched and why, ``notes`` go into the result, ``topology`` is its shape."""
+    """The result of the search of ``session`` over ``levers`` that found ``outcome``:
+    its best, or XLA's defaults with the reasons nothing beats them (see the module
+    docstring), with XLA's own estimate beside it (:mod:`~xla_streams.tuning.opinion`),
+    for the program and topology of the session's options; ``skipped`` are the levers
+    not searched and why, ``notes`` go into the result, ``topology`` is its shape."""
     options = session.options
     devices, per_host, _ = options.topology()
     assert options.program is not None  # the driver names every program it tunes
@@ -731,9 +889,13 @@ def recommend(
     candidates = tuple(e.configuration(candidate=True) for e in ranked)
     chosen = found if found.fits else None
     notes = [*notes, *outcome.notes]
-    if session.failures:
-        shown = "; ".join(f"{m}" for m in list(dict.fromkeys(session.failures.values()))[:2])
-        notes.append(f"XLA refused {len(session.failures)} option set(s): {shown}")
+    dropped = tuple(session.dropped.values())
+    if dropped:
+        counts = Counter(d.stage for d in dropped)
+        why = ", ".join(f"{n} because {DROP_STAGES[stage]}" for stage, n in counts.items())
+        shown = "; ".join(dict.fromkeys(f"{d.settings}: {d.reason}" for d in dropped[:2]))
+        notes.append(f"dropped {len(dropped)} candidate(s), {why} (listed in the table): {shown}")
+    notes += placeholder_notes([baseline, *candidates])
     if session.unavailable:
         notes.append(
             "this XLA has no option " + ", ".join(sorted(session.unavailable)) + ": not searched"
@@ -754,6 +916,15 @@ def recommend(
             reasons.append(why_not)
     if recommended is base_ev:
         reasons += _why_not(session, chosen, baseline.predicted_step_ms / 1e3)
+    else:
+        recommended = _leanest(recommended, evaluations)
+        if recommended is not chosen:
+            assert chosen is not None
+            extra = {k: v for k, v in chosen.flags.items() if k not in recommended.flags}
+            notes.append(
+                f"left out {describe(extra)}: the search's result compiles to the same module "
+                "without it"
+            )
     best = recommended.configuration(one) if recommended is base_ev else recommended.configuration()
     speedup = baseline.predicted_step_ms / best.predicted_step_ms if best.predicted_step_ms else 1.0
     if recommended is base_ev:
@@ -762,6 +933,7 @@ def recommend(
         )
     else:
         verdict = f"{best.settings} with {best.streams} stream(s): {speedup:.3f}x predicted"
+    opinion = _second_opinion(session, base_ev, recommended, best, ranked, levers)
     return TuneResult(
         program=options.program,
         target=options.target,
@@ -781,12 +953,55 @@ def recommend(
         budget_s=options.budget_s,
         compiles=session.compiled,
         cache_hits=session.cache_hits,
-        evaluated=len(session.evaluations) + len(session.failures),
+        evaluated=session.evaluated,
         guarantee=outcome.guarantee,
         topology=topology,
+        dropped=dropped,
+        budget_compiles=options.budget_compiles,
+        stopped_by=outcome.stopped_by,
+        second_opinion=opinion,
         script=options.script,
         best_hlo=recommended.text,
     )
+
+
+def _second_opinion(
+    session: Session,
+    base: Evaluation,
+    recommended: Evaluation,
+    best: Configuration,
+    evaluations: Sequence[Evaluation],
+    levers: Sequence[Lever],
+) -> str:
+    """XLA's own estimate on the recommendation, in one line (:func:`opinion.second_opinion`)."""
+
+    def candidate(e: Evaluation, configuration: Configuration) -> Candidate:
+        assert e.prediction is not None
+        return Candidate(configuration, e.prediction.module, e.prediction.pairs, e.xla_missing)
+
+    _, per_host, _ = session.options.topology()
+    return second_opinion(
+        candidate(base, base.configuration((1, DEFAULT_POLICY))),
+        candidate(recommended, best),
+        [candidate(e, e.configuration()) for e in evaluations],
+        levers,
+        session.target,
+        per_host,
+    )
+
+
+def _leanest(found: Evaluation, evaluations: Sequence[Evaluation]) -> Evaluation:
+    """``found``, or the evaluation with the fewest of its options that compiled to the
+    same module with the same predictions (a lever that changes nothing is left out)."""
+    same = [
+        e
+        for e in evaluations
+        if e.fingerprint == found.fingerprint
+        and e.results == found.results
+        and e.fits
+        and e.flags.items() <= found.flags.items()
+    ]
+    return min(same, key=lambda e: (len(e.flags), e.index), default=found)
 
 
 def _beats(chosen: Evaluation, base: Evaluation) -> str | None:
