@@ -24,8 +24,8 @@ test: $(STAMP) chromium compat bazel-test
 	$(VENV)/bin/ruff format --check .
 	$(MAKE) --no-print-directory typecheck
 	$(VENV)/bin/python tools/gpu_check.py --dry-run $(VENV)/gpu_check_dry_run
-	$(VENV)/bin/python -m pytest -q --ignore=$(RAY_TEST)
 	$(MAKE) --no-print-directory ray-test
+	$(VENV)/bin/python -m pytest -q --ignore=$(RAY_TEST)  # last: its closing line counts the suite
 
 # mypy knows no package-dir mapping: it checks a tree of links laid out as the
 # installed package is (xla_streams/passes/ -> passes/); errors name the link.

@@ -109,3 +109,18 @@ def test_a_damaged_dump_is_refused_with_its_place(text: str, expected: str) -> N
 def test_a_missing_file_says_so(tmp_path: object) -> None:
     with pytest.raises(ScheduleError, match="cannot read the schedule dump"):
         read_schedule(f"{tmp_path}/absent.schedule.txt")
+
+
+def test_the_priced_step_leaves_out_only_the_placeholders_waits(
+    tp_dp_2d: tuple[str, str], fsdp_scan: tuple[str, str]
+) -> None:
+    """Without placeholders a schedule's idle time is its communication's waste, so the
+    priced step is the step; with the scan's 5 ms async fusions it is what is left, and
+    then near our own model's step (a peer, within a factor of two)."""
+    plain = parse_schedule(tp_dp_2d[1])
+    assert plain.priced_step_us == pytest.approx(plain.step_us, rel=1e-6)
+    text, schedule = fsdp_scan
+    scan = parse_schedule(schedule)
+    ours = what_if(parse_module(text), get_target("h100"), (1,)).baseline.step_time * 1e6
+    assert scan.priced_step_us < scan.step_us / 5
+    assert ours / 2 < scan.priced_step_us < ours * 2

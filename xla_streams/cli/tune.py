@@ -2,7 +2,7 @@
 found without a GPU.
 
     xla-streams tune train.py[:build] --devices=32 --devices-per-host=8 [--target=h100]
-        [--json=tune.json] [--budget-s=300] [--calibration=cal.json] [--jobs=N]
+        [--json=tune.json] [--budget-compiles=200] [--calibration=cal.json] [--jobs=N]
     xla-streams tune DUMP_DIR_OR_FILE [--devices=N] --devices-per-host=8
     xla-streams tune --program=fsdp_tp_scan
 
