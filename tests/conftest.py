@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import SimpleNamespace
 
 # jax >= 0.11 prints an async all-reduce with this attribute, which its own HLO
@@ -76,6 +80,31 @@ def alarm(seconds: int) -> Iterator[None]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@contextmanager
+def busy_cores() -> Iterator[list[float]]:
+    """A process spinning on every core for as long as the block runs. The list it
+    yields is filled on exit with the CPU seconds each spinner got, so a test can
+    check that the machine really was busy."""
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(os.cpu_count() or 1)
+    ]
+    spun: list[float] = []
+    try:
+        yield spun
+    finally:
+        for spinner in spinners:
+            spun.append(_cpu_seconds(spinner.pid))
+            spinner.kill()
+            spinner.wait()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a running process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class CompiledStandIn:

@@ -217,6 +217,7 @@ def targets_table() -> str:
 # The Target fields that are modelling assumptions, not datasheet numbers.
 ASSUMPTIONS = (
     "matrix_efficiency",
+    "sustained_matrix_fraction",
     "memory_efficiency",
     "link_efficiency",
     "network_efficiency",

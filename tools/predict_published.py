@@ -73,7 +73,11 @@ from xla_streams.simulate import (  # noqa: E402
     load_target,
     predict_range,
 )
-from xla_streams.simulate.xla_estimate import parse_schedule  # noqa: E402
+from xla_streams.simulate.xla_estimate import (  # noqa: E402
+    ESTIMATOR_OPTIONS_FLAG,
+    estimator_options,
+    parse_schedule,
+)
 from xla_streams.streams import assign_streams  # noqa: E402
 from xla_streams.xla_options import XLA_DEFAULT_OVERLAP_LIMIT  # noqa: E402
 
@@ -558,23 +562,12 @@ def run_target(run: PublishedRun) -> Target:
     return get_target(run.target)
 
 
-def estimator_options(target: Target) -> str:
-    """XLA's estimator options for ``target``'s cluster (``sol_gpu_cost_model.cc``):
-    ``nic_speed_gbps`` is the network share of one GPU in GB/s (XLA's ring model gives
-    every GPU of a node a NIC of its own), ``gpus_per_node`` and ``partition_size`` the
-    GPUs of a host, which is one NVLink domain."""
-    return (
-        f"nic_speed_gbps={target.network_bandwidth / 1e9:g},"
-        f"gpus_per_node={target.devices_per_host},partition_size={target.devices_per_host}"
-    )
-
-
 def xla_flags_for(run: PublishedRun) -> str:
     """The XLA_FLAGS a row's compiles run with: the published flags as jax 0.12 takes
     them, then XLA's estimator told the cluster."""
     flags, _ = runnable_flags(run.xla_flags)
     options = estimator_options(run_target(run))
-    return " ".join([*flags, f"--xla_gpu_analytical_latency_estimator_options={options}"])
+    return " ".join([*flags, f"--{ESTIMATOR_OPTIONS_FLAG}={options}"])
 
 
 # -- one row's compiles, in a process of its own --------------------------------------------

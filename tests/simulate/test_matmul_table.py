@@ -267,7 +267,9 @@ def test_a_compiled_modules_gemms_are_priced_from_the_table(compiled: str) -> No
         key = (shape.b, shape.m, shape.k, shape.n, shape.out)
         found[key] = cost
         assert cost.flops == shape.flops
-        assert cost.seconds == pytest.approx(shape.flops / want[key], rel=1e-9)
+        # The table's (burst) rate, held as the GPU holds it at its power limit.
+        held = want[key] * H100.sustained_matrix_fraction
+        assert cost.seconds == pytest.approx(shape.flops / held, rel=1e-9)
         # What the 70%-of-peak roofline said instead.
         assert roofline.instruction(inst).error == "matmul"
         assert roofline.instruction(inst).seconds != pytest.approx(cost.seconds, rel=0.01)

@@ -24,6 +24,7 @@ import pytest
 from xla_streams import jax_compat
 from xla_streams.aot import GPU_CONFIGS
 from xla_streams.programs import PROGRAMS, LlamaConfig
+from xla_streams.simulate.xla_estimate import estimator_options
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tools" / "predict_published.py"
@@ -113,7 +114,7 @@ def test_xla_is_told_each_clusters_network() -> None:
     a3 = script.run_target(script.RUNS_BY_NAME["maxtext-a3-llama2-7b-2vm"])
     # A3 High: four 200 Gb/s NICs for eight GPUs, 12.5 GB/s each.
     assert a3.network_bandwidth == 12.5e9
-    assert script.estimator_options(a3) == "nic_speed_gbps=12.5,gpus_per_node=8,partition_size=8"
+    assert estimator_options(a3) == "nic_speed_gbps=12.5,gpus_per_node=8,partition_size=8"
     assert "nic_speed_gbps=50," in script.xla_flags_for(script.RUNS_BY_NAME["a4-llama3.1-70b-fp8"])
 
 

@@ -150,7 +150,8 @@ def test_every_prediction_has_a_range_under_the_stated_errors() -> None:
     assert r.exposed_low <= r.exposed_expected <= r.exposed_high
     names = {b.name for b in r.bounds}
     assert names == {
-        "matmul", "matmul_table", "attention", "memory", "nvlink", "network", "latency",
+        "matmul", "matmul_table", "attention", "sustained", "memory", "nvlink", "network",
+        "latency",
         "table_small", "table_large", "profiled", "interference",
     }  # fmt: skip
     assert all(b.low <= 1 <= b.high and b.source for b in MODEL_ERRORS if b.name != "interference")
@@ -181,3 +182,13 @@ def test_interference_slows_compute_that_overlaps_a_collective() -> None:
     assert b.compute_time == pytest.approx(negate * 1.15 + multiply, rel=REL)
     assert b.step_time == pytest.approx(max(gather, negate * 1.15) + multiply, rel=REL)
     assert ErrorScale.at("high").interference == 0.15 and ErrorScale.at("low").interference == 0
+
+
+def test_the_held_clock_bounds_only_what_was_measured_in_bursts() -> None:
+    # XLA's matmul table and cuDNN's published attention rates were measured at the boost
+    # clock; the roofline and memory-bound kernels carry their own bounds alone.
+    errors = ErrorScale(sustained=1.05, matmul_table=1.1, attention=1.2, matmul=1.3, memory=1.4)
+    assert errors.compute("matmul_table") == pytest.approx(1.1 * 1.05)
+    assert errors.compute("attention") == pytest.approx(1.2 * 1.05)
+    assert (errors.compute("matmul"), errors.compute("memory")) == (1.3, 1.4)
+    assert errors.compute("profiled") == 1.0

@@ -645,6 +645,11 @@ def test_targets_and_overrides(tmp_path: Path) -> None:
     path.write_text('{"link_efficency": 0.5}')
     with pytest.raises(TargetError, match="unknown target field 'link_efficency'"):
         load_target(path)
+    # A share of a peak divides a time: 0 (or more than the peak) is no share.
+    for field, value in (("sustained_matrix_fraction", 0), ("memory_efficiency", 1.5)):
+        path.write_text(json.dumps({field: value}))
+        with pytest.raises(TargetError, match=rf"{field} must be a number in \(0, 1\]"):
+            load_target(path)
     with pytest.raises(TargetError, match="unknown target 'tpu'"):
         get_target("tpu")
 

@@ -6,13 +6,15 @@ Compute (one GPU, on the compute stream):
   as XLA's Triton ``__triton_gemm``/``gemm_fusion_*`` fusions do, or a cuBLAS
   ``__cublas$gemm``/``__cublas$lt$matmul`` custom call) takes the time XLA
   measured for its shape, from XLA's matmul table as XLA's own
-  ``MatmulInterpolator`` looks it up (``matmul.py``); XLA itself reads the table
+  ``MatmulInterpolator`` looks it up (``matmul.py``), at the rate the GPU holds
+  under a training step's power (``Target.sustained_matrix_fraction``: the table
+  was measured in bursts at the boost clock); XLA itself reads the table
   for dots, Triton GEMM fusions and cuBLASLt calls only, the legacy cuBLAS call is
   the same GEMM; a table rate above the GPU's dense peak is no measurement
   (``Target.gemm_seconds``);
 - a cuDNN fused-attention call (``__cudnn$fmha*``, forward or backward) takes the
   time NVIDIA measured for cuDNN flash attention of its shape and mask
-  (``attention.py``);
+  (``attention.py``), held as a GEMM is;
 - both at least the memory-bound time below (a GEMM fusion may read more than its
   GEMM: a fused prologue);
 - a matmul kernel without measurements (a target without XLA's tables: A100,
@@ -238,6 +240,7 @@ class CostModel:
         measured = self._measured(inst)
         if measured is not None:
             seconds, flops, error = measured
+            seconds /= target.sustained_matrix_fraction  # burst measurements, held rate
             seconds = max(seconds, memory_time + target.kernel_overhead)
             return OpCost(seconds * target.time_ratio("matmul"), "matmul", flops, nbytes, error)
         flops, element_type = 0.0, ""

@@ -79,8 +79,28 @@ Modelling assumptions (not datasheet numbers; override them with a JSON file, or
 correct whole kernel classes with measured ratios: ``calibration.py``):
 
 - ``matrix_efficiency`` 0.7: large GEMMs reach about 70% of dense tensor-core peak
-  (the roofline of matmul kernels without measurements).
-- ``memory_efficiency`` 0.8: streaming kernels reach about 80% of HBM peak.
+  (the roofline of matmul kernels without measurements): a GEMM held at the
+  power limit, as in a training step, reaches 71.6% of H200's BF16 peak (MSMF,
+  below).
+- ``sustained_matrix_fraction``: the share of a burst-measured GEMM or attention
+  rate a GPU holds in a training step. XLA's matmul table (one warm-up and a
+  median of five short runs per shape, on an otherwise idle GPU:
+  ``xla/tools/matmul_perf_table_gen.cc``) and cuDNN's published attention
+  throughput are burst measurements, taken at the boost clock; a training step
+  keeps the tensor cores busy, draws the board's full power and runs at the
+  clock that settles there. Stas Bekman's ``mamf-finder`` measures both on one
+  GPU, with NVML clock and power per shape (stas00/ml-engineering, branch
+  ``fast-mamf``, commit 082816f9, ``compute/accelerator/README.md``): H200 SXM
+  BF16 841.9 TFLOP/s at 1980 MHz, 176 W (MAMF) against 708.5 held at 1465 MHz,
+  693 W (MSMF), 0.842 (FP8 0.864); B200 1770.9 against 1456.3, 0.822 (FP8
+  0.814). H100 SXM takes H200's: the same GH100 die, SM count and 700 W limit
+  (its own MSMF is not measured). A100 and GB200 have no measurement, and no
+  burst table of theirs is read (GB200's attention aside): 1.
+- ``memory_efficiency``: the share of HBM peak a streaming kernel reaches,
+  BabelStream's Triad (two reads and a write, as most fusions) on Azure's
+  ND H100 v5 and ND H200 v5 (Azure/AI-benchmarking-guide, ``Azure Results``):
+  2.97 of 3.35 TB/s on H100 (0.887), 4.15 of 4.8 on H200 (0.865). B200, GB200 and
+  A100 have no such measurement here: 0.8.
 - ``link_efficiency`` 0.8, NVLink: NCCL's bus bandwidth is about 80% of the
   link's peak (sjeaugey in NVIDIA/nccl-tests#212: "With the protocol overhead
   (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s" of 450 on H100;
@@ -190,6 +210,7 @@ class Target:
     # NCCL protocols a collective may use; the cost model takes the fastest.
     protocols: dict[str, Protocol] = field(default_factory=lambda: dict(DEFAULT_PROTOCOLS))
     matrix_efficiency: float = 0.7
+    sustained_matrix_fraction: float = 1.0
     memory_efficiency: float = 0.8
     link_efficiency: float = 0.8  # NVLink
     network_efficiency: float = 0.94
@@ -279,6 +300,8 @@ H100 = Target(
     memory_bandwidth=3.35 * TERA,
     nvlink_bandwidth=450 * GIGA,
     network_bandwidth=50 * GIGA,
+    sustained_matrix_fraction=708.5 / 841.9,  # H200's MSMF / MAMF: the same die and power
+    memory_efficiency=2.97 / 3.35,  # BabelStream Triad, Azure ND H100 v5
     sources=(
         "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column",
         "NVIDIA DGX H100 user guide: 8x ConnectX-7 400 Gb/s",
@@ -288,6 +311,8 @@ H100 = Target(
         "XLA's collective performance table, sm_90 (measured on H100)",
         "XLA's matmul performance table, sm_90",
         "NVIDIA/cudnn-frontend benchmark_results.csv: cuDNN attention on Hopper",
+        "stas00/ml-engineering@082816f9: H200 BF16 MAMF 841.9, MSMF 708.5 TFLOP/s",
+        "Azure/AI-benchmarking-guide: BabelStream Triad 2.97 TB/s, ND H100 v5",
     ),
     perf_table_key="sm_90",
 )
@@ -297,6 +322,7 @@ H200 = dataclasses.replace(
     name="h200",
     gpu="NVIDIA H200 SXM 141GB",
     memory_bandwidth=4.8 * TERA,
+    memory_efficiency=4.15 / 4.8,  # BabelStream Triad, Azure ND H200 v5
     sources=(
         "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column",
         "NVIDIA DGX H200 user guide: 8x ConnectX-7 400 Gb/s",
@@ -306,6 +332,8 @@ H200 = dataclasses.replace(
         "XLA's collective performance table, sm_90 (H100's NVLink 4, as XLA uses it)",
         "XLA's matmul performance table, sm_90 (H100's, as XLA uses it)",
         "NVIDIA/cudnn-frontend benchmark_results.csv: cuDNN attention on Hopper",
+        "stas00/ml-engineering@082816f9: H200 BF16 MAMF 841.9, MSMF 708.5 TFLOP/s",
+        "Azure/AI-benchmarking-guide: BabelStream Triad 4.15 TB/s, ND H200 v5",
     ),
 )
 
@@ -348,7 +376,9 @@ B200 = Target(
         "XLA's collective performance table, sm_100_B200",
         "XLA's matmul performance table, sm_100_B200",
         "NVIDIA/cudnn-frontend sdpa_bf16_benchmark_results_NVIDIA_B200.csv",
+        "stas00/ml-engineering@082816f9: B200 BF16 MAMF 1770.9, MSMF 1456.3 TFLOP/s",
     ),
+    sustained_matrix_fraction=1456.3 / 1770.9,  # MSMF / MAMF
     perf_table_key="sm_100_B200",
 )
 
@@ -444,6 +474,10 @@ def target_with_overrides(
             if not isinstance(value, int) or value < 1:
                 raise TargetError(f"{origin}: devices_per_host must be a positive integer")
             changes[key] = value
+        elif key.endswith(("_efficiency", "_fraction")):  # a share of a peak: divides
+            if not _is_number(value) or not 0 < value <= 1:
+                raise TargetError(f"{origin}: {key} must be a number in (0, 1], not {value!r}")
+            changes[key] = float(value)
         else:
             if not _is_number(value) or value < 0:
                 raise TargetError(f"{origin}: {key} must be a non-negative number, not {value!r}")

@@ -34,6 +34,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from xla_streams.simulate.targets import Target
 from xla_streams.simulate.textproto import Message, ProtoError, parse_text
 
 # The wrapped estimator's latency for an async pair it cannot price
@@ -306,3 +307,21 @@ def _async_pairs(
         elif inst.opcode.endswith("-start"):
             starts[inst_id] = entry.number("start_timestamp_cycles")
     return out, priced
+
+
+# The XLA_FLAGS option that tells XLA's estimator the cluster. XLA reads it once per
+# process, from the environment: compile options do not reach it.
+ESTIMATOR_OPTIONS_FLAG = "xla_gpu_analytical_latency_estimator_options"
+
+
+def estimator_options(target: Target) -> str:
+    """What to tell XLA's estimator of ``target``'s cluster (``sol_gpu_cost_model.cc``),
+    as ``--xla_gpu_analytical_latency_estimator_options`` takes it: ``nic_speed_gbps``
+    is the network share of one GPU in GB/s (XLA's ring model gives every GPU of a
+    node a NIC of its own), ``gpus_per_node`` and ``partition_size`` the GPUs of a
+    host, which is one NVLink domain. Without it XLA assumes 25 GB/s on H100 and
+    charges a cross-host collective whose partition it cannot tell a flat 5 ms."""
+    return (
+        f"nic_speed_gbps={target.network_bandwidth / 1e9:g},"
+        f"gpus_per_node={target.devices_per_host},partition_size={target.devices_per_host}"
+    )
