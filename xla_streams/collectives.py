@@ -189,6 +189,12 @@ def device_groups(module: Module, op: Instruction, kind: str) -> Groups:
     else:
         groups = decode(op, "replica_groups", parse_replica_groups) or ()
         global_ids = op.attribute("use_global_device_ids") == "true"
+        if global_ids and not has_channel:  # which ids would the groups hold?
+            raise op.error_at_attribute(
+                "use_global_device_ids", -len("use_global_device_ids") - 1,
+                "use_global_device_ids=true needs a channel_id: without one the groups hold "
+                "replica ids (XLA: Cannot have use_global_device_ids=true without channel_id)",
+            )  # fmt: skip
         if not has_channel:
             mode = "replica"
         elif global_ids:

@@ -321,9 +321,18 @@ def test_a_control_predecessor_printed_after_its_user_is_read() -> None:
     )
     module = parse_module(text, "late.hlo")
     assert [i.name for i in module.entry.instructions] == ["p", "w1", "w2", "r"]
-    # A name not printed is a tuple element jax >= 0.11 prints as `%x#N` (XLA's own
-    # after-optimizations dump of a double-buffered loop names such a one).
-    assert parse_module(text.replace("{%w2}", "{%t.0}"), "gte.hlo").entry.get("w1")
+    # A name not printed may be a tuple element jax >= 0.11 prints as `%x#N` (XLA's own
+    # after-optimizations dump of a double-buffered loop names such a one) ...
+    gte = entry(
+        "%t = (f32[8]{0}, f32[8]{0}) tuple(%p, %p)",
+        "%w1 = f32[8]{0} exponential(%t#0), control-predecessors={%t.0}",
+        "ROOT %r = f32[8]{0} negate(%w1)",
+    )
+    assert parse_module(gte, "gte.hlo").entry.get("w1")
+    # ... but where no operand is printed so, no line is gone: the name is no instruction.
+    with pytest.raises(HloError, match=r"late.hlo:11:58: error: .*control predecessor '%done' of "
+                       r"'%w1' is not an instruction of computation 'main'"):  # fmt: skip
+        parse_module(text.replace("{%w2}", "{%done}"), "late.hlo")
     # A cycle through data and a late control edge: w2 uses w1, w1 waits for w2.
     with pytest.raises(HloError, match="close a cycle"):
         parse_module(text.replace("negate(%p)", "negate(%w1)"), "cycle.hlo")

@@ -305,6 +305,12 @@ CASES = [
         "pairs",
     ),
     Case(
+        "global-device-ids-without-channel",
+        edit("channel_id=1, ", ""),
+        11, "use_global_device_ids=", "use_global_device_ids=true needs a channel_id: without one "
+        "the groups hold replica ids", "pairs",
+    ),
+    Case(
         "invalid-json-in-backend-config",
         edit('"is_sync":false}}', '"is_sync":false,}}'),
         11, "false,}}", "bad backend_config: invalid JSON: Expecting property name enclosed in double "

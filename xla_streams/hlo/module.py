@@ -1080,6 +1080,10 @@ def _check_attributes_exactly(
                 _undefined_computation(inst, key, names, closed, at, at + len(value))
 
 
+# An operand that names a tuple element of another instruction: `%x#1`.
+_TUPLE_ELEMENT_OPERAND = re.compile(r"%[^\s,(){}#]+#\d")
+
+
 def _check_forward_control(comp: Computation, forward: list[_ForwardControl]) -> None:
     """No cycle runs through the control predecessors printed after their user and the
     operands (every other edge is defined before use)."""
@@ -1087,8 +1091,19 @@ def _check_forward_control(comp: Computation, forward: list[_ForwardControl]) ->
     for inst, predecessors, start, end in forward:
         if inst.name in predecessors:
             _undefined(inst, "control predecessor", predecessors, names - {inst.name}, start, end)
-    # A name the computation does not print is a tuple element that jax >= 0.11 prints
-    # as `%x#N` (its get-tuple-element line is gone): an edge XLA has, not an error.
+    # A name the computation does not print may be a tuple element that jax >= 0.11
+    # prints as `%x#N` (its get-tuple-element line is gone): an edge XLA has, not an
+    # error. Where no operand is printed that way, no line is gone.
+    if not any(_TUPLE_ELEMENT_OPERAND.search(i.source) for i in comp.instructions):
+        for inst, predecessors, start, end in forward:
+            missing = [n for n in predecessors if n not in names]
+            if missing:
+                raise inst._error(
+                    _name_at(inst.source, missing[0], start, end),
+                    f"control predecessor '%{missing[0]}' of '%{inst.name}' is not an "
+                    f"instruction of computation '{comp.name}' (XLA: instruction "
+                    f"'{missing[0]}' is not defined)",
+                )
     forward = [(i, [n for n in p if n in names], s, e) for i, p, s, e in forward]
     later = {inst.name: predecessors for inst, predecessors, _, _ in forward}
     position = {inst.name: i for i, inst in enumerate(comp.instructions)}
