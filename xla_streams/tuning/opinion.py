@@ -27,7 +27,7 @@ gives that collective). Which is right is decided from what is published:
 - XLA charges a kernel it has no model for (a cuDNN or other custom call) 10 us; the
   simulator prices GEMMs from XLA's measured matmul table and other kernels by their
   roofline, and on the published runs of ``docs/predictions.md`` it is the nearer of
-  the two (20% fast at the median where XLA's estimate is 30% fast): on kernels the
+  the two (7.8% off at the median where XLA's estimate is 30% fast): on kernels the
   simulator is the better guide;
 - both price collectives inside one host from XLA's measured table, so a difference
   there is in the overlap each expects, which only a run on GPUs settles: the line
