@@ -401,6 +401,13 @@ def our_error(text: str) -> HloError:
 
 SPLIT = TEXT["instruction-over-lines"]
 THREADS = TEXT["execution-thread-after-a-computation"]
+# THREADS with the generic spelling of its async call, and a second computation.
+ASYNC_CALLS = THREADS.replace(
+    "\nENTRY", "\n%gemm2 (b: f32[4]) -> f32[4] {\n  %b = f32[4]{0} parameter(0)\n"
+    '  ROOT %m = f32[4]{0} negate(%b)\n}, execution_thread="parallel"\n\nENTRY'
+).replace("call-start(%p), async_execution_thread=\"parallel\", to_apply=%gemm",
+          "async-start(%p), async_execution_thread=\"parallel\", calls=%gemm"
+).replace("call-done(%start)", "async-done(%start)")  # fmt: skip
 
 # (id, text, line, column, message): XLA refuses each; the line is XLA's too.
 # fmt: off
@@ -420,6 +427,9 @@ REFUSED = [
      6, 33, "unexpected attribute 'foo' of computation 'gemm'"),
     ("execution-thread-twice", THREADS.replace('"parallel"\n', '"parallel", execution_thread="x"\n'),
      6, 33, "duplicate attribute 'execution_thread'"),
+    ("async-start-shape-without-its-operands",
+     THREADS.replace("((f32[4]{0}), f32[4]{0}, s32[]) call-start", "(f32[4]{0}, f32[4]{0}, s32[]) call-start"),
+     10, 12, "an async start or update is '((operands), outputs, state...)'"),
     ("name-twice-in-one-computation",
      TEXT["name-reused-in-another-computation"].replace("ROOT %n = f32[] negate", "ROOT %x = f32[] negate"),
      5, 9, "duplicate instruction name '%x' (first defined at line 4)"),
@@ -439,6 +449,36 @@ def test_what_xla_refuses_is_refused_at_its_line(
     if line:
         assert (err.line, err.column) == (line, column), str(err)
     assert str(err).startswith(f"bad.hlo:{err.line}:{err.column}: error: ")
+
+
+# XLA finds these once it has read the token after the instruction (the next line's):
+# here the instruction's own line, at what is wrong in it.
+# fmt: off
+REFUSED_PAST_THE_INSTRUCTION = [
+    ("async-done-of-another-opcode", THREADS.replace("call-done(%start)", "negate-done(%start)"),
+     11, 26, "negate-done '%done' continues '%start', which runs call"),
+    ("async-done-on-another-thread",
+     THREADS.replace("call-done(%start)", 'call-done(%start), async_execution_thread="main"'),
+     11, 68, "async_execution_thread=\"main\" is not what '%start' runs (async_execution_thread: parallel"),
+    ("async-done-of-another-computation",
+     ASYNC_CALLS.replace("async-done(%start)", "async-done(%start), calls=%gemm2"),
+     16, 52, "calls=%gemm2 is not what '%start' runs (calls: gemm"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "column", "message"),
+    [r[1:] for r in REFUSED_PAST_THE_INSTRUCTION],
+    ids=[r[0] for r in REFUSED_PAST_THE_INSTRUCTION],
+)
+def test_what_xla_refuses_after_the_instruction_is_refused_at_it(
+    text: str, line: int, column: int, message: str
+) -> None:
+    err = our_error(text)
+    assert message in err.message
+    assert (err.line, err.column) == (line, column), str(err)
+    assert xla_error_line(text) == line + 1
 
 
 def test_an_async_op_wrapping_any_opcode_is_an_opcode() -> None:

@@ -755,6 +755,7 @@ def _read(
     # checked once, when first seen (parse_shape's own cache is shared and slower).
     shapes: dict[str, str] = {}
     opcodes: dict[str, str] = {}
+    async_ops: list[Instruction] = []  # of the current computation, checked at its end
     for index in range(first + 1, len(lines)):
         line = lines[index]
         line_no = line_numbers[index]
@@ -788,14 +789,20 @@ def _read(
                 if unbalanced and skeletons[index] in unbalanced:
                     _check_brackets(module, line, line_no, operands_start)
                 known = opcodes.get(opcode)
+                chained = False
                 if known is not None:
                     opcode = known
                 else:
                     _check_opcode(module, line, line_no, opcode, m.start(4))
-                    opcodes[opcode] = opcode
+                    # An async op (never cached: each is checked with its chain) is rare.
+                    chained = _async_wrapped(opcode) is not None
+                    if not chained:
+                        opcodes[opcode] = opcode
                 inst = Instruction(
                     comp, line_no, line, name, shape_text, opcode, operands_start, root is not None
                 )
+                if chained:
+                    async_ops.append(inst)
                 comp.instructions.append(inst)  # comp._add(inst), without the call
                 comp._by_name[name] = inst
                 # Define-before-use; the common case read here: an operand list with no
@@ -835,6 +842,9 @@ def _read(
                 if forward:
                     _check_forward_control(comp, forward)
                     forward = []
+                if async_ops:
+                    _check_async_chains(module, async_ops)
+                    async_ops = []
                 closed.add(comp.name)
                 comp, root_line, pending = None, 0, []
                 defined, names = set(), {}
@@ -981,6 +991,107 @@ def _instruction_error(module: Module, line: str, line_no: int) -> HloError:
     return module.error_at(
         line_no, line, indent, "expected an instruction '%name = shape opcode(operands)'"
     )
+
+
+def _async_wrapped(opcode: str) -> tuple[str, str] | None:
+    """``(step, wrapped opcode)`` of an async op (XLA's kAsyncStart/Update/Done):
+    ``async-start``, or a sugared ``<op>-start`` of an op that is not async by itself
+    (``fusion-start``, ``custom-call-done``; ``all-reduce-start`` is an opcode of its
+    own); the wrapped opcode is "" where ``calls=`` names it. None for any other."""
+    if opcode in ("async-start", "async-update", "async-done"):
+        return opcode[len("async-") :], ""
+    if opcode in OPCODES:
+        return None
+    wrapped = _ASYNC_WRAPPED.fullmatch(opcode)
+    if wrapped is None or wrapped.group(1) not in OPCODES:
+        return None
+    return opcode[len(wrapped.group(1)) + 1 :], wrapped.group(1)
+
+
+def _check_async_chains(module: Module, ops: list[Instruction]) -> None:
+    """What XLA's parser asks of async ops: a start's and an update's shape is
+    ``((operands), outputs, state...)``; an update or done that continues a start or
+    update runs what it runs: the same wrapped opcode, computation and execution
+    thread, where it names them."""
+    comp = ops[0].computation
+    for inst in ops:
+        found = _async_wrapped(inst.opcode)
+        assert found is not None
+        step, wrapped = found
+        if step != "done":
+            shape = inst.shape
+            if not (shape.is_tuple and len(shape.tuple_shapes) >= 2
+                    and shape.tuple_shapes[0].is_tuple):  # fmt: skip
+                raise inst._error(
+                    inst.source.find(inst.shape_text),
+                    f"{inst.opcode} '%{inst.name}' has shape {excerpt(inst.shape_text)}: an "
+                    "async start or update is '((operands), outputs, state...)' (XLA: "
+                    "AsyncStart and AsyncUpdate expect the shape to be in that form)",
+                )
+        if step == "start":
+            continue
+        names = inst.operand_names
+        previous = comp._by_name.get(names[0]) if len(names) == 1 else None
+        chain = _async_wrapped(previous.opcode) if previous is not None else None
+        if previous is None or chain is None or chain[0] == "done":
+            continue  # XLA's parser reads it (its verifier would not); pairing says more
+        ran, ran_computation = _async_runs(module, previous)
+        if wrapped and ran and wrapped != ran:
+            raise inst._error(
+                inst._operands_start - 1 - len(inst.opcode),
+                f"{inst.opcode} '%{inst.name}' continues '%{previous.name}', which runs "
+                f"{ran} (XLA: expect async wrapped opcode to be {ran}, but got {wrapped})",
+            )
+        for key, theirs in (
+            ("calls", ran_computation),
+            ("async_execution_thread", _async_thread(previous)),
+        ):
+            mine = inst.attribute(key)
+            if mine is not None and theirs is not None and mine.strip().strip('"%') != theirs:
+                raise inst.error_at_attribute(
+                    key, 0, f"{key}={mine.strip()} is not what '%{previous.name}' runs "
+                    f"({key}: {theirs}; XLA: expect {key} to be {theirs})",
+                )  # fmt: skip
+
+
+def _async_runs(module: Module, op: Instruction) -> tuple[str, str | None]:
+    """(wrapped opcode, computation) of the async chain ``op`` is a link of: the
+    nearest link back to its start that says (a sugared opcode, ``calls=``); the
+    wrapped opcode of a computation is its root's ("" and None where no link says)."""
+    for link in _links_back(op):
+        step, wrapped = _async_wrapped(link.opcode) or ("", "")
+        calls = link.attribute("calls")
+        name = calls.strip().lstrip("%") if calls is not None else None
+        if wrapped or name is not None or step == "start":
+            if not wrapped and name is not None:
+                called = module._computations_by_name.get(name)
+                if called is not None and called.instructions:
+                    wrapped = called.root.opcode
+            return wrapped, name
+    return "", None
+
+
+def _async_thread(op: Instruction) -> str:
+    """The execution thread the async chain ``op`` is a link of runs on: the nearest
+    link's ``async_execution_thread`` back to its start, else XLA's main thread."""
+    for link in _links_back(op):
+        thread = link.attribute("async_execution_thread")
+        if thread is not None:
+            return thread.strip().strip('"')
+    return "main"
+
+
+def _links_back(op: Instruction) -> Iterator[Instruction]:
+    """``op``, then each async op before it in its chain, back to the chain's start
+    (every link is defined before its user, so the walk ends)."""
+    by_name = op.computation._by_name
+    link: Instruction | None = op
+    while link is not None and _async_wrapped(link.opcode) is not None:
+        yield link
+        if link.opcode.endswith("-start"):
+            return
+        names = link.operand_names
+        link = by_name.get(names[0]) if names else None
 
 
 def _check_opcode(module: Module, line: str, line_no: int, opcode: str, at: int) -> None:
