@@ -437,20 +437,6 @@ REFUSED = [
 # fmt: on
 
 
-@pytest.mark.parametrize(
-    ("text", "line", "column", "message"), [r[1:] for r in REFUSED], ids=[r[0] for r in REFUSED]
-)
-def test_what_xla_refuses_is_refused_at_its_line(
-    text: str, line: int, column: int, message: str
-) -> None:
-    err = our_error(text)
-    assert message in err.message
-    assert err.line == xla_error_line(text)
-    if line:
-        assert (err.line, err.column) == (line, column), str(err)
-    assert str(err).startswith(f"bad.hlo:{err.line}:{err.column}: error: ")
-
-
 # XLA finds these once it has read the token after the instruction (the next line's):
 # here the instruction's own line, at what is wrong in it.
 # fmt: off
@@ -467,18 +453,24 @@ REFUSED_PAST_THE_INSTRUCTION = [
 # fmt: on
 
 
+# (id, text, line, column, message, lines XLA's error lies past ours)
+ALL_REFUSED = [(*r, 0) for r in REFUSED] + [(*r, 1) for r in REFUSED_PAST_THE_INSTRUCTION]
+
+
 @pytest.mark.parametrize(
-    ("text", "line", "column", "message"),
-    [r[1:] for r in REFUSED_PAST_THE_INSTRUCTION],
-    ids=[r[0] for r in REFUSED_PAST_THE_INSTRUCTION],
+    ("text", "line", "column", "message", "xla_past"),
+    [r[1:] for r in ALL_REFUSED],
+    ids=[r[0] for r in ALL_REFUSED],
 )
-def test_what_xla_refuses_after_the_instruction_is_refused_at_it(
-    text: str, line: int, column: int, message: str
+def test_what_xla_refuses_is_refused_at_its_line(
+    text: str, line: int, column: int, message: str, xla_past: int
 ) -> None:
     err = our_error(text)
     assert message in err.message
-    assert (err.line, err.column) == (line, column), str(err)
-    assert xla_error_line(text) == line + 1
+    assert err.line + xla_past == xla_error_line(text)
+    if line:
+        assert (err.line, err.column) == (line, column), str(err)
+    assert str(err).startswith(f"bad.hlo:{err.line}:{err.column}: error: ")
 
 
 def test_an_async_op_wrapping_any_opcode_is_an_opcode() -> None:

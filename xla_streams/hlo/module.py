@@ -793,10 +793,13 @@ def _read(
                 if known is not None:
                     opcode = known
                 else:
-                    _check_opcode(module, line, line_no, opcode, m.start(4))
                     # An async op (never cached: each is checked with its chain) is rare.
                     chained = _async_wrapped(opcode) is not None
                     if not chained:
+                        if opcode not in OPCODES:
+                            raise module.error_at(
+                                line_no, line, m.start(4), f"unknown opcode '{excerpt(opcode)}'"
+                            )
                         opcodes[opcode] = opcode
                 inst = Instruction(
                     comp, line_no, line, name, shape_text, opcode, operands_start, root is not None
@@ -1098,16 +1101,6 @@ def _links_back(op: Instruction) -> Iterator[Instruction]:
             return
         names = link.operand_names
         link = by_name.get(names[0]) if names else None
-
-
-def _check_opcode(module: Module, line: str, line_no: int, opcode: str, at: int) -> None:
-    """``opcode`` is XLA's, or an async op wrapping one (`custom-call-start`)."""
-    if opcode in OPCODES:
-        return
-    wrapped = _ASYNC_WRAPPED.fullmatch(opcode)
-    if wrapped is not None and wrapped.group(1) in OPCODES:
-        return
-    raise module.error_at(line_no, line, at, f"unknown opcode '{excerpt(opcode)}'")
 
 
 def _check_brackets(module: Module, line: str, line_no: int, operands_start: int) -> None:
