@@ -1021,7 +1021,7 @@ def _check_async_chains(module: Module, ops: list[Instruction]) -> None:
         found = _async_wrapped(inst.opcode)
         assert found is not None
         step, wrapped = found
-        if step != "done" and not inst.shape_text.startswith("(("):  # as XLA prints it
+        if step != "done":
             shape = inst.shape
             if not (shape.is_tuple and len(shape.tuple_shapes) >= 2
                     and shape.tuple_shapes[0].is_tuple):  # fmt: skip
