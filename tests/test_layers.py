@@ -62,8 +62,8 @@ _JAX_INTERNALS = ("jax._src", "jaxlib.")
 
 
 def _modules() -> dict[str, Path]:
-    """Every module of the installed package (dotted name -> file); passes/ is mapped
-    to ``xla_streams.passes`` as pyproject.toml maps it."""
+    """Every module of the package (dotted name -> file); passes/ is ``xla_streams.passes``
+    through the link ``xla_streams/passes``, which ``rglob`` does not follow."""
     found = {}
     for root, package in (
         (REPO / "xla_streams", "xla_streams"),
