@@ -57,6 +57,7 @@ __all__ = [
     "BuildError",
     "TraceEvent",
     "clear_trace",
+    "configure_cuda",
     "cuda_available",
     "enable_trace",
     "ffi_attributes",
@@ -139,7 +140,7 @@ def register(backend: Backend = "host") -> None:
 
         lib = load(backend)
         if backend == "cuda":
-            _configure_cuda(lib)
+            configure_cuda(lib)
         for target, symbol in HANDLERS[backend].items():
             capsule = jax.ffi.pycapsule(getattr(lib, symbol))  # type: ignore[no-untyped-call]
             jax.ffi.register_ffi_target(target, capsule, platform=PLATFORMS[backend])
@@ -147,15 +148,19 @@ def register(backend: Backend = "host") -> None:
 
 
 # ctypes callbacks into JAX's distributed key-value store (kept alive here).
-_KV_SET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t)
+_KV_SET = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+)
 _KV_GET = ctypes.CFUNCTYPE(
     ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_size_t
 )
 _kv_callbacks: list[object] = []
 
 
-def _configure_cuda(lib: ctypes.CDLL) -> None:
-    """Stream priority, local device ids and (multi-process) the key-value store."""
+def configure_cuda(lib: ctypes.CDLL, platform: str = "gpu") -> None:
+    """Stream priority, local device ids and (multi-process) the key-value store of
+    the CUDA backend, whose devices are JAX's ``platform`` devices (``cpu`` under
+    the CUDA emulator)."""
     import jax
 
     lib.xs_cuda_set_stream_priority.argtypes = [ctypes.c_char_p]
@@ -164,12 +169,15 @@ def _configure_cuda(lib: ctypes.CDLL) -> None:
     client = jax_compat.distributed_client()
     if client is None:
         return  # one process: device ids are ordinals, NCCL ids are shared in-process
-    for device in jax.local_devices(backend="gpu"):
-        lib.xs_cuda_set_global_id(int(device.local_hardware_id), int(device.id))
+    for ordinal, device in enumerate(jax.local_devices(backend=platform)):
+        hardware = getattr(device, "local_hardware_id", None)
+        lib.xs_cuda_set_global_id(ordinal if hardware is None else int(hardware), int(device.id))
 
-    def kv_set(key: bytes, value: int, size: int) -> int:
+    def kv_set(key: bytes, value: int, size: int, overwrite: int) -> int:
         try:
-            client.key_value_set_bytes(key.decode(), ctypes.string_at(value, size))
+            client.key_value_set_bytes(
+                key.decode(), ctypes.string_at(value, size), allow_overwrite=bool(overwrite)
+            )
             return 0
         except Exception:
             return -1

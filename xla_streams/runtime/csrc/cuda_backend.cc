@@ -10,10 +10,20 @@
 // the unique id is shared in-process when every member is a local device, else
 // through JAX's distributed key-value store (callbacks set from Python).
 // Communicators are created non-blocking so that a member that never joins is
-// a timeout error, not a hang. A watchdog polls the completion events of
-// collectives in flight: one that does not complete within the timeout gets
-// its communicator aborted, and the next call on that device fails with a
-// message naming it. NCCL's own errors are returned with its message.
+// a timeout error, not a hang; a creation that timed out is aborted and its id
+// forgotten, so a later step creates the communicator again (one id makes one
+// communicator). Every NCCL call on a communicator, the watchdog's included,
+// holds its mutex: NCCL forbids concurrent calls on one (NCCL docs, "Thread
+// safety"), and an aborted one is never touched again.
+//
+// A watchdog polls the completion events of collectives in flight. One that
+// does not complete within the timeout is reported at once (stderr), naming the
+// op and the devices that never started it, and every later call on its device
+// fails with that message. Its communicator is not aborted: after an abort the
+// outputs are undefined yet look like data on a GPU, so the hung step's results
+// are left unreadable instead (the compute stream keeps waiting for them), as
+// XLA leaves its own hung collectives (docs/runtimes.md, "When a collective
+// hangs"). NCCL's own errors are returned with its message.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -58,7 +68,7 @@ std::string NcclMessage(const char* what, ncclResult_t r, ncclComm_t comm) {
 // Stream priority: INT32_MIN means "the device's greatest priority".
 std::atomic<int> g_priority{std::numeric_limits<int>::min()};
 
-using KvSet = int (*)(const char* key, const char* value, size_t size);
+using KvSet = int (*)(const char* key, const char* value, size_t size, int overwrite);
 using KvGet = int64_t (*)(const char* key, int64_t timeout_ms, char* buffer, size_t capacity);
 std::atomic<KvSet> g_kv_set{nullptr};
 std::atomic<KvGet> g_kv_get{nullptr};
@@ -123,23 +133,43 @@ struct Timing {  // events for the trace (timing-enabled)
   cudaEvent_t begin = nullptr, end = nullptr;
 };
 
-struct InFlight {
-  int64_t op_id = 0;
-  std::string description;
-  int stream = 0;
-  cudaEvent_t done = nullptr;
-  ncclComm_t comm = nullptr;
-  int64_t issued_ns = 0;
-  Timing collective, compute_start;
-  int64_t logical = -1;
-};
-
 struct CommKey {
   std::vector<int64_t> devices;  // global device ids, in rank order
   int stream;
   bool operator<(const CommKey& o) const {
     return std::tie(devices, stream) < std::tie(o.devices, o.stream);
   }
+};
+
+// One rank's NCCL communicator. Every NCCL call on it holds `mu`.
+struct Comm {
+  std::mutex mu;
+  ncclComm_t handle = nullptr;
+  bool aborted = false;  // the handle is freed: never used again
+  CommKey key;
+  std::string id;  // the unique id's bytes: the same on every rank of this communicator
+  int rank = 0;
+  int64_t launched = 0;  // collectives this rank has enqueued on it
+};
+using CommPtr = std::shared_ptr<Comm>;
+
+// Aborts `comm` unless it was already (the caller holds comm.mu).
+void AbortLocked(Comm& comm) {
+  if (comm.aborted) return;
+  comm.aborted = true;
+  ncclCommAbort(comm.handle);
+}
+
+struct InFlight {
+  int64_t op_id = 0;
+  std::string description;
+  int stream = 0;
+  cudaEvent_t done = nullptr;
+  CommPtr comm;       // null: a permute member that neither sends nor receives
+  int64_t seq = 0;    // this collective is the seq-th this rank enqueued on comm
+  int64_t issued_ns = 0;
+  Timing collective, compute_start;
+  int64_t logical = -1;
 };
 
 class Device;
@@ -230,7 +260,7 @@ class Device {
     if (error_.empty()) error_ = e;
   }
 
-  std::map<CommKey, ncclComm_t>& comms() { return comms_; }
+  std::map<CommKey, CommPtr>& comms() { return comms_; }
   std::mutex& comm_mu() { return comm_mu_; }
 
   // The base event the trace's millisecond timings are relative to, recorded
@@ -251,7 +281,7 @@ class Device {
   std::map<std::pair<int64_t, int64_t>, std::deque<InFlight>> pending_;
   std::string error_;
   std::mutex comm_mu_;
-  std::map<CommKey, ncclComm_t> comms_;
+  std::map<CommKey, CommPtr> comms_;
   cudaEvent_t base_ = nullptr;
 };
 
@@ -264,25 +294,79 @@ Device* GetDevice(int ordinal) {
   return d.get();
 }
 
-// Communicators aborted after a timeout or an error: never touched again.
-std::mutex g_aborted_mu;
-std::set<ncclComm_t> g_aborted;
-
-bool Aborted(ncclComm_t comm) {
-  std::lock_guard<std::mutex> lock(g_aborted_mu);
-  return g_aborted.count(comm) > 0;
-}
-
-void Abort(ncclComm_t comm) {
-  {
-    std::lock_guard<std::mutex> lock(g_aborted_mu);
-    if (!g_aborted.insert(comm).second) return;
-  }
-  ncclCommAbort(comm);
-}
+// How many collectives each rank of a communicator has enqueued, by the
+// communicator's unique id and rank, for the ranks of this process: who never
+// started a collective that hangs.
+std::mutex g_progress_mu;
+std::map<std::string, std::map<int, int64_t>> g_progress;
+// Communicators of this process with a collective that timed out, by unique id:
+// no rank of this process enqueues on them again, which would pair its next
+// collective with the hung one and let that step finish with wrong results.
+std::map<std::string, std::string> g_hung;
 
 // ---------------------------------------------------------------------------
 // Watchdog over collectives in flight, and the trace records to collect.
+
+std::string ProgressKey(const Comm& comm, int rank) {
+  std::ostringstream os;
+  os << "xla_streams/progress/" << std::hex << std::hash<std::string>()(comm.id) << std::dec << "/"
+     << rank;
+  return os.str();
+}
+
+// Which devices of a hung collective's group never started it: from this
+// process's ranks' progress, and the other processes' as they publish theirs
+// when their own collective times out (waiting up to 2 s for them).
+std::string NeverStarted(const InFlight& flight) {
+  const Comm* comm = flight.comm.get();
+  if (comm == nullptr) return "it has no peers";
+  std::map<int, int64_t> local;
+  {
+    std::lock_guard<std::mutex> lock(g_progress_mu);
+    local = g_progress[comm->id];
+  }
+  KvSet set = g_kv_set.load();
+  KvGet get = g_kv_get.load();
+  for (auto& [rank, launched] : local) {
+    std::string value = std::to_string(launched);
+    if (set != nullptr) set(ProgressKey(*comm, rank).c_str(), value.data(), value.size(), 1);
+  }
+  int64_t deadline = NowNs() + 2000000000;
+  std::vector<int64_t> missing, unknown;
+  for (size_t rank = 0; rank < comm->key.devices.size(); ++rank) {
+    int64_t device = comm->key.devices[rank];
+    auto it = local.find(static_cast<int>(rank));
+    if (it != local.end()) {
+      if (it->second < flight.seq) missing.push_back(device);
+      continue;
+    }
+    char buffer[32] = {0};
+    int64_t n = get == nullptr ? -1
+                               : get(ProgressKey(*comm, static_cast<int>(rank)).c_str(),
+                                     std::max<int64_t>(0, (deadline - NowNs()) / 1000000), buffer,
+                                     sizeof(buffer) - 1);
+    if (n <= 0) {
+      unknown.push_back(device);
+    } else if (std::strtoll(buffer, nullptr, 10) < flight.seq) {
+      missing.push_back(device);
+    }
+  }
+  std::ostringstream os;
+  if (!missing.empty()) {
+    os << "the devices that never started it: ";
+    for (size_t i = 0; i < missing.size(); ++i) os << (i ? ", " : "") << missing[i];
+  }
+  if (!unknown.empty()) {
+    os << (missing.empty() ? "" : "; ") << "devices in other processes that did not say whether "
+       << "they started it (they never timed out, or have no key-value store): ";
+    for (size_t i = 0; i < unknown.size(); ++i) os << (i ? ", " : "") << unknown[i];
+  }
+  if (missing.empty() && unknown.empty()) {
+    os << "every device of its group started it (NCCL stalled, or a device waits in an "
+          "earlier collective)";
+  }
+  return os.str();
+}
 
 struct Watched {
   Device* device;
@@ -313,18 +397,24 @@ class Watchdog {
     std::lock_guard<std::mutex> lock(mu_);
     traces_.push_back(std::move(t));
   }
-  // Converts finished trace records to events (waits for their CUDA events).
+  // Converts the trace records whose CUDA events are complete to events; those
+  // of collectives still running (or hung) stay for a later call.
   void CollectTrace() {
-    std::vector<PendingTrace> traces;
+    std::vector<PendingTrace> traces, later;
     {
       std::lock_guard<std::mutex> lock(mu_);
       traces.swap(traces_);
     }
     for (PendingTrace& t : traces) {
       ScopedDevice scoped(t.device->ordinal());
+      cudaError_t state = cudaEventQuery(t.end);
+      if (state == cudaErrorNotReady) {
+        later.push_back(std::move(t));
+        continue;
+      }
       cudaEvent_t base = t.device->base();
       float begin = -1, end = -1;
-      if (base != nullptr && cudaEventSynchronize(t.end) == cudaSuccess) {
+      if (base != nullptr && state == cudaSuccess) {
         cudaEventElapsedTime(&begin, base, t.begin);
         cudaEventElapsedTime(&end, base, t.end);
       }
@@ -334,6 +424,8 @@ class Watchdog {
       t.device->Release(t.begin, true);
       if (t.end != t.begin) t.device->Release(t.end, true);
     }
+    std::lock_guard<std::mutex> lock(mu_);
+    for (PendingTrace& t : later) traces_.push_back(std::move(t));
   }
 
  private:
@@ -360,15 +452,19 @@ class Watchdog {
         ScopedDevice scoped(w.device->ordinal());
         cudaError_t q = cudaEventQuery(w.flight.done);
         ncclResult_t async = ncclSuccess;
-        if (w.flight.comm != nullptr && !Aborted(w.flight.comm)) {
-          ncclCommGetAsyncError(w.flight.comm, &async);
+        Comm* comm = w.flight.comm.get();
+        // A communicator busy in another call (a start settling its group) is
+        // asked next period: NCCL forbids a second call meanwhile.
+        if (comm != nullptr && comm->mu.try_lock()) {
+          if (!comm->aborted) ncclCommGetAsyncError(comm->handle, &async);
+          comm->mu.unlock();
         }
         if (q == cudaSuccess) {
           w.device->Release(w.flight.done);
           continue;
         }
         if (async != ncclSuccess && async != ncclInProgress) {
-          w.device->SetError(NcclMessage(w.flight.description.c_str(), async, w.flight.comm));
+          w.device->SetError(NcclMessage(w.flight.description.c_str(), async, comm->handle));
           continue;
         }
         if (q != cudaErrorNotReady) {
@@ -379,10 +475,16 @@ class Watchdog {
           std::ostringstream os;
           os << "xla_streams: " << w.flight.description << " on device "
              << w.device->ordinal() << " did not complete within " << timeout_ns / 1e9
-             << " s; its NCCL communicator was aborted (a peer never joined or hung). "
+             << " s; " << NeverStarted(w.flight)
+             << ". Its results will never be ready (its communicator is not aborted: the "
+                "outputs would be undefined); this process cannot run collectives any more. "
                 "Set XLA_STREAMS_TIMEOUT_S to change the timeout.";
           w.device->SetError(os.str());
-          if (w.flight.comm != nullptr) Abort(w.flight.comm);
+          if (comm != nullptr) {
+            std::lock_guard<std::mutex> lock(g_progress_mu);
+            g_hung.emplace(comm->id, os.str());
+          }
+          std::fprintf(stderr, "%s\n", os.str().c_str());
           continue;
         }
         still.push_back(std::move(w));
@@ -405,8 +507,14 @@ ffi::Error Invalid(const OpAttrs& op, const std::string& what) {
 }
 
 
+// NCCL unique ids. In one process: one per communicator key and creation
+// attempt, forgotten when the attempt fails. Across processes, rank 0 publishes
+// attempt g's id under "<key>/g<g>" and the attempt under "<key>/current"; the
+// others take the current attempt, or a later one than an attempt they saw
+// fail, so every member meets at the owner's latest attempt.
 std::mutex g_ids_mu;
-std::map<CommKey, ncclUniqueId> g_ids;
+std::map<CommKey, std::string> g_ids;  // in-process: the id of the attempt under way
+std::map<CommKey, int64_t> g_attempt;  // across processes: the attempt to use next
 
 std::string KeyName(const CommKey& key) {
   std::ostringstream os;
@@ -415,53 +523,100 @@ std::string KeyName(const CommKey& key) {
   return os.str();
 }
 
-ffi::Error UniqueId(const CommKey& key, bool owner, bool all_local, ncclUniqueId* id) {
-  {
+std::string IdBytes(const ncclUniqueId& id) {
+  return std::string(reinterpret_cast<const char*>(&id), sizeof(id));
+}
+
+ffi::Error NoStore(const CommKey& key) {
+  return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                    "xla_streams: the group " + KeyName(key) +
+                        " spans processes and JAX's distributed key-value store is not "
+                        "available (call jax.distributed.initialize())");
+}
+
+// The id of this creation attempt of `key`'s communicator, and the attempt.
+ffi::Error UniqueId(const CommKey& key, bool owner, bool all_local, ncclUniqueId* id,
+                    int64_t* attempt_out) {
+  auto fresh = [&]() -> ffi::Error {
+    ncclResult_t r = ncclGetUniqueId(id);
+    if (r != ncclSuccess) {
+      return ffi::Error(ffi::ErrorCode::kInternal, NcclMessage("ncclGetUniqueId", r, nullptr));
+    }
+    return ffi::Error::Success();
+  };
+  if (all_local) {
     std::lock_guard<std::mutex> lock(g_ids_mu);
+    *attempt_out = 0;
     auto it = g_ids.find(key);
     if (it != g_ids.end()) {
-      *id = it->second;
+      std::memcpy(id, it->second.data(), sizeof(*id));
       return ffi::Error::Success();
     }
-    if (all_local || owner) {
-      ncclResult_t r = ncclGetUniqueId(id);
-      if (r != ncclSuccess) {
-        return ffi::Error(ffi::ErrorCode::kInternal, NcclMessage("ncclGetUniqueId", r, nullptr));
-      }
-      g_ids[key] = *id;
-      if (all_local) return ffi::Error::Success();
-      KvSet set = g_kv_set.load();
-      if (set == nullptr || set(KeyName(key).c_str(), reinterpret_cast<const char*>(id),
-                                sizeof(*id)) != 0) {
-        return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                          "xla_streams: cannot publish the NCCL id of " + KeyName(key) +
-                              ": the group spans processes and JAX's distributed key-value "
-                              "store is not available (call jax.distributed.initialize())");
-      }
-      return ffi::Error::Success();
-    }
+    if (auto e = fresh(); !e.success()) return e;
+    g_ids[key] = IdBytes(*id);
+    return ffi::Error::Success();
   }
+  KvSet set = g_kv_set.load();
   KvGet get = g_kv_get.load();
-  if (get == nullptr) {
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      "xla_streams: the group " + KeyName(key) +
-                          " spans processes and JAX's distributed key-value store is not "
-                          "available (call jax.distributed.initialize())");
+  if (set == nullptr || get == nullptr) return NoStore(key);
+  int64_t attempt;
+  {
+    std::lock_guard<std::mutex> lock(g_ids_mu);
+    attempt = g_attempt[key];
   }
-  int64_t n = get(KeyName(key).c_str(), TimeoutMs(),
-                  reinterpret_cast<char*>(id), sizeof(*id));
+  std::string current = KeyName(key) + "/current";
+  if (owner) {
+    if (auto e = fresh(); !e.success()) return e;
+    std::string number = std::to_string(attempt);
+    std::string name = KeyName(key) + "/g" + number;
+    if (set(name.c_str(), reinterpret_cast<const char*>(id), sizeof(*id), 0) != 0 ||
+        set(current.c_str(), number.data(), number.size(), 1) != 0) {
+      return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                        "xla_streams: cannot publish the NCCL id of " + name +
+                            " in JAX's distributed key-value store");
+    }
+    *attempt_out = attempt;
+    return ffi::Error::Success();
+  }
+  // The owner's current attempt, once it is no older than ours.
+  int64_t deadline = NowNs() + TimeoutNs();
+  for (;;) {
+    char buffer[32] = {0};
+    int64_t n = get(current.c_str(), std::max<int64_t>(1, (deadline - NowNs()) / 1000000), buffer,
+                    sizeof(buffer) - 1);
+    if (n > 0 && std::strtoll(buffer, nullptr, 10) >= attempt) {
+      attempt = std::strtoll(buffer, nullptr, 10);
+      break;
+    }
+    if (NowNs() > deadline) {
+      return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
+                        "xla_streams: the NCCL id of " + KeyName(key) +
+                            " did not arrive through the key-value store within the timeout");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::string name = KeyName(key) + "/g" + std::to_string(attempt);
+  int64_t n = get(name.c_str(), TimeoutMs(), reinterpret_cast<char*>(id), sizeof(*id));
   if (n != static_cast<int64_t>(sizeof(*id))) {
     return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
-                      "xla_streams: the NCCL id of " + KeyName(key) +
+                      "xla_streams: the NCCL id of " + name +
                           " did not arrive through the key-value store within the timeout");
   }
-  std::lock_guard<std::mutex> lock(g_ids_mu);
-  g_ids.emplace(key, *id);
+  *attempt_out = attempt;
   return ffi::Error::Success();
 }
 
+// Creation attempt `attempt` of `key`'s communicator, with `id`, failed: the next
+// one uses another id (an id is consumed by its first attempt, NVIDIA/nccl#1038).
+void ForgetId(const CommKey& key, const ncclUniqueId& id, int64_t attempt) {
+  std::lock_guard<std::mutex> lock(g_ids_mu);
+  auto it = g_ids.find(key);
+  if (it != g_ids.end() && it->second == IdBytes(id)) g_ids.erase(it);
+  g_attempt[key] = std::max(g_attempt[key], attempt + 1);
+}
+
 ffi::Error Communicator(Device* device, const OpAttrs& op, const std::vector<int64_t>& members,
-                        int rank, ncclComm_t* out) {
+                        int rank, CommPtr* out) {
   // Keyed by devices, not logical ids: another executable may put the same
   // logical group on other devices.
   CommKey key{{}, static_cast<int>(op.stream)};
@@ -479,42 +634,50 @@ ffi::Error Communicator(Device* device, const OpAttrs& op, const std::vector<int
   std::lock_guard<std::mutex> lock(device->comm_mu());
   auto it = device->comms().find(key);
   if (it != device->comms().end()) {
-    if (Aborted(it->second)) {
-      return ffi::Error(ffi::ErrorCode::kAborted,
-                        "xla_streams: the NCCL communicator of " + KeyName(key) +
-                            " was aborted after an earlier failure");
+    std::lock_guard<std::mutex> comm_lock(it->second->mu);
+    if (!it->second->aborted) {
+      *out = it->second;
+      return ffi::Error::Success();
     }
-    *out = it->second;
-    return ffi::Error::Success();
+    device->comms().erase(it);  // aborted after a failure: created again below
   }
   ncclUniqueId id;
-  if (auto e = UniqueId(key, rank == 0, all_local, &id); !e.success()) return e;
+  int64_t attempt = 0;
+  if (auto e = UniqueId(key, rank == 0, all_local, &id, &attempt); !e.success()) return e;
+  auto comm = std::make_shared<Comm>();
+  comm->key = key;
+  comm->id = IdBytes(id);
+  comm->rank = rank;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  ncclComm_t comm = nullptr;
-  ncclResult_t r = ncclCommInitRankConfig(&comm, static_cast<int>(members.size()), id, rank, &config);
+  std::lock_guard<std::mutex> comm_lock(comm->mu);
+  ncclResult_t r =
+      ncclCommInitRankConfig(&comm->handle, static_cast<int>(members.size()), id, rank, &config);
   int64_t deadline = NowNs() + TimeoutNs();
-  while (r == ncclInProgress || (r == ncclSuccess && comm != nullptr)) {
+  while (r == ncclInProgress || (r == ncclSuccess && comm->handle != nullptr)) {
     ncclResult_t state = ncclInProgress;
-    ncclCommGetAsyncError(comm, &state);
+    ncclCommGetAsyncError(comm->handle, &state);
     if (state == ncclSuccess) break;
     if (state != ncclInProgress) {
       r = state;
       break;
     }
     if (NowNs() > deadline) {
-      Abort(comm);
+      AbortLocked(*comm);
+      ForgetId(key, id, attempt);
       return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
                         "xla_streams: creating the NCCL communicator for " + op.Describe() +
                             " (group " + JoinIds(members) + ", rank " + std::to_string(rank) +
-                            ") timed out: not every member joined. Set XLA_STREAMS_TIMEOUT_S "
-                            "to change the timeout.");
+                            ") timed out: not every member joined; a later step tries again "
+                            "with a new NCCL id. Set XLA_STREAMS_TIMEOUT_S to change the "
+                            "timeout.");
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   if (r != ncclSuccess && r != ncclInProgress) {
-    std::string message = NcclMessage("ncclCommInitRankConfig", r, comm);
-    if (comm != nullptr) Abort(comm);
+    std::string message = NcclMessage("ncclCommInitRankConfig", r, comm->handle);
+    if (comm->handle != nullptr) AbortLocked(*comm);
+    ForgetId(key, id, attempt);
     return ffi::Error(ffi::ErrorCode::kInternal, message + " for " + op.Describe());
   }
   device->comms()[key] = comm;
@@ -524,20 +687,22 @@ ffi::Error Communicator(Device* device, const OpAttrs& op, const std::vector<int
 
 // Waits (host side, bounded) for a non-blocking communicator to accept the
 // operations just enqueued; NCCL may still be connecting peers on first use.
-ffi::Error Settle(ncclComm_t comm, ncclResult_t r, const OpAttrs& op) {
+// The caller holds comm.mu.
+ffi::Error Settle(Comm& comm, ncclResult_t r, const OpAttrs& op) {
   int64_t deadline = NowNs() + TimeoutNs();
   while (r == ncclInProgress) {
     if (NowNs() > deadline) {
-      Abort(comm);
+      AbortLocked(comm);
       return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
                         "xla_streams: enqueueing " + op.Describe() +
                             " timed out (peers never connected); communicator aborted");
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
-    ncclCommGetAsyncError(comm, &r);
+    ncclCommGetAsyncError(comm.handle, &r);
   }
   if (r != ncclSuccess) {
-    return ffi::Error(ffi::ErrorCode::kInternal, NcclMessage(op.Describe().c_str(), r, comm));
+    return ffi::Error(ffi::ErrorCode::kInternal,
+                      NcclMessage(op.Describe().c_str(), r, comm.handle));
   }
   return ffi::Error::Success();
 }
@@ -592,27 +757,44 @@ ffi::Error CheckBuffers(const OpAttrs& op, int n, const std::vector<ffi::AnyBuff
   return ffi::Error::Success();
 }
 
-// Enqueues the collective on `stream` (buffers already checked).
-ffi::Error Launch(const OpAttrs& op, ncclComm_t comm, cudaStream_t stream, int n, int64_t logical,
-                  const std::vector<int64_t>& members, const std::vector<ffi::AnyBuffer>& ins,
-                  const std::vector<ffi::AnyBuffer>& outs) {
+// Enqueues the collective on `stream` (buffers already checked); `seq`: how
+// many collectives this rank has enqueued on the communicator, this one included.
+ffi::Error Launch(const OpAttrs& op, Comm* comm_state, cudaStream_t stream, int n,
+                  int64_t logical, const std::vector<int64_t>& members,
+                  const std::vector<ffi::AnyBuffer>& ins, const std::vector<ffi::AnyBuffer>& outs,
+                  int64_t* seq) {
   ffi::DataType dtype = ins[0].element_type();
   ncclDataType_t type = ncclUint8;
   NcclType(dtype, &type);
   size_t width = ffi::ByteWidth(dtype);
-  if (comm == nullptr) {  // a permute member that neither sends nor receives
+  if (comm_state == nullptr) {  // a permute member that neither sends nor receives
     for (const ffi::AnyBuffer& out : outs) {
       XS_CUDA(cudaMemsetAsync(out.untyped_data(), 0, out.size_bytes(), stream));
     }
     return ffi::Error::Success();
   }
+  std::lock_guard<std::mutex> lock(comm_state->mu);
+  if (comm_state->aborted) {
+    return ffi::Error(ffi::ErrorCode::kAborted,
+                      "xla_streams: " + op.Describe() + ": its NCCL communicator was aborted");
+  }
+  {
+    std::lock_guard<std::mutex> progress(g_progress_mu);
+    auto hung = g_hung.find(comm_state->id);
+    if (hung != g_hung.end()) {
+      return ffi::Error(ffi::ErrorCode::kAborted,
+                        "xla_streams: " + op.Describe() + " is not run: its NCCL communicator "
+                        "holds a collective that timed out (" + hung->second + ")");
+    }
+  }
+  ncclComm_t comm = comm_state->handle;
   ncclRedOp_t red = ncclSum;
   NcclOp(op.reduction, dtype, &red);
   auto rank_of = [&](int64_t id) {
     return static_cast<int>(std::find(members.begin(), members.end(), id) - members.begin());
   };
   ncclResult_t r = ncclGroupStart();
-  if (r != ncclSuccess) return Settle(comm, r, op);
+  if (r != ncclSuccess) return Settle(*comm_state, r, op);
   cudaError_t copy = cudaSuccess;
   for (size_t i = 0; i < ins.size() && r == ncclSuccess; ++i) {
     const void* in = ins[i].untyped_data();
@@ -674,7 +856,11 @@ ffi::Error Launch(const OpAttrs& op, ncclComm_t comm, cudaStream_t stream, int n
   if (copy != cudaSuccess) {
     return ffi::Error(ffi::ErrorCode::kInternal, CudaMessage(op.Describe().c_str(), copy));
   }
-  return Settle(comm, end, op);
+  if (auto e = Settle(*comm_state, end, op); !e.success()) return e;
+  *seq = ++comm_state->launched;
+  std::lock_guard<std::mutex> progress(g_progress_mu);
+  g_progress[comm_state->id][comm_state->rank] = *seq;
+  return ffi::Error::Success();
 }
 
 ffi::Error CudaStartImpl(cudaStream_t compute, ffi::RunId run, int32_t ordinal,
@@ -734,7 +920,7 @@ ffi::Error CudaStartImpl(cudaStream_t compute, ffi::RunId run, int32_t ordinal,
     if (auto e = CheckBuffers(op, n, ins, outs); !e.success()) return e;
   }
   ScopedDevice scoped(ordinal);
-  ncclComm_t comm = nullptr;
+  CommPtr comm;
   if (!idle) {
     if (auto e = Communicator(device, op, members, rank, &comm); !e.success()) return e;
   }
@@ -761,7 +947,10 @@ ffi::Error CudaStartImpl(cudaStream_t compute, ffi::RunId run, int32_t ordinal,
     XS_CUDA(cudaEventRecord(flight.compute_start.begin, compute));
     XS_CUDA(cudaEventRecord(flight.collective.begin, stream));
   }
-  if (auto e = Launch(op, comm, stream, n, logical, members, ins, outs); !e.success()) return e;
+  if (auto e = Launch(op, comm.get(), stream, n, logical, members, ins, outs, &flight.seq);
+      !e.success()) {
+    return e;
+  }
   if (trace) {
     if (auto e = device->Event(&flight.collective.end, true); !e.success()) return e;
     XS_CUDA(cudaEventRecord(flight.collective.end, stream));
@@ -879,6 +1068,12 @@ void xs_cuda_set_global_id(int ordinal, int64_t global_id) {
 void xs_cuda_set_kv(xs::cuda::KvSet set, xs::cuda::KvGet get) {
   xs::cuda::g_kv_set = set;
   xs::cuda::g_kv_get = get;
+}
+// The error that fails every later call on device `ordinal` (a collective that
+// timed out, an NCCL or CUDA error): copied into `buffer`; returns its length, 0
+// if none.
+size_t xs_cuda_device_error(int ordinal, char* buffer, size_t capacity) {
+  return xs::CopyOut(xs::cuda::GetDevice(ordinal)->error(), buffer, capacity);
 }
 // NCCL's version, e.g. 23203 (0 if unavailable).
 int xs_cuda_nccl_version() {

@@ -63,7 +63,6 @@ class Plan:
 
     devices: int
     calls: list[Call] = field(default_factory=list)  # one program, the same on every device
-    skip: frozenset[tuple[int, int]] = frozenset()  # (device, op_id) pairs a device never calls
 
     def script(
         self,
@@ -72,9 +71,15 @@ class Plan:
         devices_per_process: int | None = None,
         timeout_ms: int = 0,
         kv: str = "",
+        skip: frozenset[tuple[int, int]] = frozenset(),
+        at_ms: dict[int, int] | None = None,
     ) -> str:
         """The script of one process (its devices are ``process * devices_per_process``
-        onward, its local ordinals from 0)."""
+        onward, its local ordinals from 0). ``skip``: (device, instance) pairs whose
+        start and done that device never calls (a device that never arrives);
+        ``at_ms``: instance -> when, in milliseconds from the replay's start, every
+        device makes that start (a later execution: a failed call skips the rest of
+        its device's execution, as XLA stops one)."""
         per = devices_per_process or self.devices
         local = range(process * per, (process + 1) * per)
         lines = [f"# {len(self.calls)} calls on each of {self.devices} devices"]
@@ -89,7 +94,7 @@ class Plan:
             lines += self._buffers(device, inputs)
         for device in local:
             lines.append(f"thread {device - local.start}")
-            lines += self._steps(device, inputs)
+            lines += self._steps(device, inputs, skip, at_ms or {})
         return "\n".join(lines) + "\n"
 
     # -- values ---------------------------------------------------------------------
@@ -162,9 +167,17 @@ class Plan:
                 lines.append(f"buffer {_name(device, c, 'out', i)} {element_type} {count * width}")
         return lines
 
-    def _steps(self, device: int, inputs: dict[tuple[int, int], list[np.ndarray]]) -> Iterator[str]:
+    def _steps(
+        self,
+        device: int,
+        inputs: dict[tuple[int, int], list[np.ndarray]],
+        skip: frozenset[tuple[int, int]],
+        at_ms: dict[int, int],
+    ) -> Iterator[str]:
         for c in self.calls:
-            if (device, c.call.op_id) in self.skip:
+            if c.what == "start" and c.instance in at_ms:
+                yield f"at {at_ms[c.instance]}"
+            if (device, c.instance) in skip:
                 continue
             ins = [_name(device, c, "in", i) for i in range(len(c.operand_counts))]
             outs = [_name(device, c, "out", i) for i in range(len(c.result_counts))]
@@ -182,14 +195,7 @@ class Plan:
                 yield f"free {' '.join(ins + outs)}"
 
 
-def plan(
-    module: Module | str,
-    *,
-    devices: int,
-    trips: int = 2,
-    max_elements: int = 64,
-    skip: frozenset[tuple[int, int]] = frozenset(),
-) -> Plan:
+def plan(module: Module | str, *, devices: int, trips: int = 2, max_elements: int = 64) -> Plan:
     """The replay of a module lowered for the CUDA runtime (its starts and dones in
     schedule order, while bodies ``trips`` times) on ``devices`` devices."""
     if isinstance(module, str):
@@ -221,7 +227,7 @@ def plan(
                 start.result_counts,
             )
         )
-    return Plan(devices, calls, skip)
+    return Plan(devices, calls)
 
 
 def _schedule(module: Module, computation: str, trips: int) -> Iterator[Instruction]:

@@ -9,7 +9,9 @@
 //     xsim-replay BACKEND.so SCRIPT     (the script: xla_streams/runtime/emulator/replay.py)
 //
 // Prints one JSON object: the handlers' errors, the results that differ from the
-// script's expectations, the emulator's reports and the log of collectives run.
+// script's expectations, the devices whose compute stream never drained, the
+// error the backend holds against each device, the emulator's reports and the
+// log of collectives run.
 // Linked against the stand-in libcudart and libnccl (their directory is its
 // rpath), so the backend, opened after them, binds to them by soname.
 #include <dlfcn.h>
@@ -130,6 +132,9 @@ double Load(const DType& t, const char* at) {
   }
 }
 
+// When the replay began: `at` steps count from here.
+const auto g_began = std::chrono::steady_clock::now();
+
 // ---------------------------------------------------------------------------
 // The script.
 
@@ -148,6 +153,7 @@ struct Step {
   std::vector<double> values;
   std::vector<Attr> attrs;
   std::string text;
+  int64_t milliseconds = 0;
   int line = 0;
 };
 
@@ -239,6 +245,8 @@ Script Read(const char* path) {
       } else if (word == "free") {
         std::string buffer;
         while (words >> buffer) step.buffers.push_back(buffer);
+      } else if (word == "at") {
+        words >> step.milliseconds;
       } else if (word == "label") {
         std::getline(words, step.text);
         if (!step.text.empty() && step.text[0] == ' ') step.text.erase(0, 1);
@@ -326,8 +334,14 @@ class Device {
 
   // Runs the steps, then waits for the compute stream: false if it is still
   // blocked after `drain_ms` (a collective that never completes holds it).
+  // A call that fails ends the execution on this device, as in XLA: the steps up
+  // to the next `at` (the next execution) are not made.
   bool Run(const std::vector<Step>& steps, int64_t drain_ms) {
-    for (const Step& step : steps) Do(step);
+    bool failed = false;
+    for (const Step& step : steps) {
+      if (step.what == "at") failed = false;
+      if (!failed) failed = !Do(step);
+    }
     return xsim_stream_wait(compute_, drain_ms) == 0;
   }
 
@@ -363,10 +377,13 @@ class Device {
     return p;
   }
 
-  void Do(const Step& step) {
+  // False if the step was a call that failed.
+  bool Do(const Step& step) {
     std::string where = "device " + std::to_string(ordinal_) + ", script line " + std::to_string(step.line);
     if (step.what == "label") {
       xsim_set_label(step.text.c_str());
+    } else if (step.what == "at") {  // a later execution, at a time every device shares
+      std::this_thread::sleep_until(g_began + std::chrono::milliseconds(step.milliseconds));
     } else if (step.what == "fill") {
       char* data = Memory(step.buffers[0]);
       auto* filled = new Filled{step.dtype, data, step.values};
@@ -409,11 +426,12 @@ class Device {
         live_.erase(it);
       }
     } else {
-      Call(step, where);
+      return Call(step, where);
     }
+    return true;
   }
 
-  void Call(const Step& step, const std::string& where) {
+  bool Call(const Step& step, const std::string& where) {
     std::vector<std::vector<int64_t>> dims;
     std::vector<XLA_FFI_Buffer> buffers;
     auto add = [&](const std::string& name) {
@@ -468,11 +486,11 @@ class Device {
     frame.attrs = {XLA_FFI_Attrs_STRUCT_SIZE, nullptr, static_cast<int64_t>(attrs.size()),
                    attr_types.data(), name_ptrs.data(), attr_values.data()};
     XLA_FFI_Error* error = (step.what == "start" ? start_ : done_)(&frame);
-    if (error != nullptr) {
-      std::lock_guard<std::mutex> lock(outcome_->mu);
-      outcome_->errors.push_back(where + ": " + step.what + ": " + error->message);
-      delete error;
-    }
+    if (error == nullptr) return true;
+    std::lock_guard<std::mutex> lock(outcome_->mu);
+    outcome_->errors.push_back(where + ": " + step.what + ": " + error->message);
+    delete error;
+    return false;
   }
 
   int ordinal_;
@@ -496,8 +514,9 @@ std::string KvPath(const char* key) {
   return g_kv + "/" + name;
 }
 
-int KvSet(const char* key, const char* value, size_t size) {
+int KvSet(const char* key, const char* value, size_t size, int overwrite) {
   std::string path = KvPath(key), tmp = path + ".tmp" + std::to_string(getpid());
+  if (!overwrite && access(path.c_str(), F_OK) == 0) return -1;  // as JAX's store refuses
   FILE* f = std::fopen(tmp.c_str(), "wb");
   if (f == nullptr) return -1;
   bool ok = std::fwrite(value, 1, size, f) == size;
@@ -582,7 +601,18 @@ int main(int argc, char** argv) {
   for (size_t k = 0; k < outcome.mismatches.size(); ++k) os << (k ? "," : "") << Json(outcome.mismatches[k]);
   os << "],\"blocked\":[";
   for (size_t k = 0; k < blocked.size(); ++k) os << (k ? "," : "") << blocked[k];
-  os << "],\"reports\":" << Buffered(xsim_reports) << ",\"op_log\":" << Buffered(xsim_op_log) << "}";
+  // What the backend holds against each device at the end (xs_cuda_device_error).
+  os << "],\"device_errors\":{";
+  auto device_error = reinterpret_cast<size_t (*)(int, char*, size_t)>(dlsym(backend, "xs_cuda_device_error"));
+  bool first = true;
+  for (auto& [ordinal, steps] : script.threads) {
+    char message[4096];
+    if (device_error != nullptr && device_error(ordinal, message, sizeof(message)) > 0) {
+      os << (first ? "" : ",") << "\"" << ordinal << "\":" << Json(message);
+      first = false;
+    }
+  }
+  os << "},\"reports\":" << Buffered(xsim_reports) << ",\"op_log\":" << Buffered(xsim_op_log) << "}";
   std::printf("%s\n", os.str().c_str());
   std::fflush(stdout);
   // The backend's watchdog thread is detached and never ends: leave without

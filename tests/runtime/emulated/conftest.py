@@ -1,0 +1,51 @@
+"""Shared by the tests of the CUDA backend on the emulated CUDA runtime and NCCL
+(``make cuda-emulated``): the built emulator and backend, and replays of lowered
+programs through ``xsim-replay``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from xla_streams.pipeline import build_pipeline
+from xla_streams.plugin.hook import run_pipeline
+from xla_streams.runtime import build as runtime_build
+from xla_streams.runtime import emulator
+from xla_streams.runtime.emulator import replay
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="session")
+def built() -> emulator.Built:
+    return emulator.build()
+
+
+@pytest.fixture(scope="session")
+def backend() -> Path:
+    """libxla_streams_cuda as ``python -m xla_streams.runtime.build --cuda`` builds it."""
+    return runtime_build.build("cuda")
+
+
+def lowered(text: str, streams: int = 4) -> str:
+    """``text`` lowered for the CUDA runtime, as the plugin's ffi mode lowers it."""
+    return run_pipeline(text, build_pipeline(streams, runtime="cuda")).module.print()
+
+
+Replay = Callable[..., dict[str, Any]]
+
+
+@pytest.fixture
+def run_replay(built: emulator.Built, backend: Path, tmp_path: Path) -> Replay:
+    """Plays one process's script of a plan (``plan.script(**options)``) through the
+    backend; the replay's JSON result."""
+
+    def run(plan: replay.Plan, backend: Path = backend, **options: Any) -> dict[str, Any]:
+        path = tmp_path / "replay.txt"
+        path.write_text(plan.script(**options))
+        return built.replay(path, backend)
+
+    return run
