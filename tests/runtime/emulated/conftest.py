@@ -16,8 +16,6 @@ from xla_streams.runtime import build as runtime_build
 from xla_streams.runtime import emulator
 from xla_streams.runtime.emulator import replay
 
-REPO = Path(__file__).resolve().parents[3]
-
 
 @pytest.fixture(scope="session")
 def built() -> emulator.Built:
@@ -30,22 +28,30 @@ def backend() -> Path:
     return runtime_build.build("cuda")
 
 
-def lowered(text: str, streams: int = 4) -> str:
-    """``text`` lowered for the CUDA runtime, as the plugin's ffi mode lowers it."""
-    return run_pipeline(text, build_pipeline(streams, runtime="cuda")).module.print()
+@pytest.fixture(scope="session")
+def lower() -> Callable[..., str]:
+    """``lower(text, streams=4)``: the module lowered for the CUDA runtime, as the
+    plugin's ffi mode lowers it."""
 
+    def lowered(text: str, streams: int = 4) -> str:
+        return run_pipeline(text, build_pipeline(streams, runtime="cuda")).module.print()
 
-Replay = Callable[..., dict[str, Any]]
+    return lowered
 
 
 @pytest.fixture
-def run_replay(built: emulator.Built, backend: Path, tmp_path: Path) -> Replay:
-    """Plays one process's script of a plan (``plan.script(**options)``) through the
-    backend; the replay's JSON result."""
+def run_replay(built: emulator.Built, backend: Path, tmp_path: Path) -> Callable[..., Any]:
+    """``run_replay(plan, backend=..., env=..., **script_options)``: one process's
+    script of ``plan`` played through the backend; the replay's JSON result."""
 
-    def run(plan: replay.Plan, backend: Path = backend, **options: Any) -> dict[str, Any]:
+    def run(
+        plan: replay.Plan,
+        backend: Path = backend,
+        env: dict[str, str] | None = None,
+        **options: Any,
+    ) -> dict[str, Any]:
         path = tmp_path / "replay.txt"
         path.write_text(plan.script(**options))
-        return built.replay(path, backend)
+        return built.replay(path, backend, env)
 
     return run

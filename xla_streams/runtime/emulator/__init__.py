@@ -44,6 +44,8 @@ from xla_streams.runtime.errors import BuildError
 SOURCES = Path(__file__).resolve().parent / "csrc"
 FLAGS = ("-std=c++17", "-O2", "-g", "-fPIC", "-pthread", "-Wall", "-Wextra")
 NCCL_SONAME = "libnccl.so.2"
+LOCKS = "libxsim_locks.so"
+FORWARD = "libxsim_forward.so"
 
 
 @dataclass(frozen=True)
@@ -67,27 +69,55 @@ class Built:
 
     @property
     def forward(self) -> Path:
-        return self.directory / "libxsim_forward.so"
+        return self.directory / FORWARD
+
+    @property
+    def locks(self) -> Path:
+        """libxsim_locks, which a process preloads (``LD_PRELOAD``) for the check that
+        no two threads call NCCL on one communicator unlocked; xsim-replay links it."""
+        return self.directory / LOCKS
 
     def replay(
         self, script: Path, backend: Path, env: dict[str, str] | None = None, timeout: float = 300
     ) -> dict[str, Any]:
         """Runs ``xsim-replay BACKEND SCRIPT``; its JSON result (``errors``,
-        ``mismatches``, ``reports``, ``op_log``, ``blocked``). RuntimeError if it
-        fails to run."""
-        result = subprocess.run(
-            [str(self.replay_driver), str(backend), str(script)],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env={**os.environ, **(env or {})},
-        )
-        if result.returncode != 0 or not result.stdout.strip():
-            raise RuntimeError(
-                f"xsim-replay {script} failed (exit {result.returncode}):\n{result.stderr[-4000:]}"
+        ``mismatches``, ``blocked``, ``device_errors``, ``reports``, ``op_log``).
+        RuntimeError if it fails to run."""
+        return self.replay_job([script], backend, env, timeout)[0]
+
+    def replay_job(
+        self,
+        scripts: list[Path],
+        backend: Path,
+        env: dict[str, str] | None = None,
+        timeout: float = 300,
+    ) -> list[dict[str, Any]]:
+        """The processes of one job, one script each, run at once (they meet through
+        the key-value directory their scripts name); their JSON results."""
+        processes = [
+            subprocess.Popen(
+                [str(self.replay_driver), str(backend), str(script)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, **(env or {})},
             )
-        parsed: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-        return parsed
+            for script in scripts
+        ]
+        results = []
+        for script, process in zip(scripts, processes, strict=True):
+            try:
+                out, err = process.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                for p in processes:
+                    p.kill()
+                raise RuntimeError(f"xsim-replay {script} ran past {timeout} s") from None
+            if process.returncode != 0 or not out.strip():
+                raise RuntimeError(
+                    f"xsim-replay {script} failed (exit {process.returncode}):\n{err[-4000:]}"
+                )
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        return results
 
 
 def _cudart_soname() -> str:
@@ -105,65 +135,45 @@ def _commands(out: Path, soname: str) -> list[list[str]]:
     """The compiler calls, in order (each may use the outputs of those before)."""
     cuda = runtime_build.find_cuda()
     assert cuda is not None
-    cxx = runtime_build.compiler()
-    cuda_includes = [arg for d in cuda.include_dirs for arg in ("-isystem", str(d))]
-    ffi = ["-isystem", str(runtime_build.ffi_include_dir())]
-    here_rpath = "-Wl,-rpath,$ORIGIN"
+    cuda_headers = [arg for d in cuda.include_dirs for arg in ("-isystem", str(d))]
+    ffi_headers = ["-isystem", str(runtime_build.ffi_include_dir())]
     version = soname.rsplit(".", 1)[-1]
-    stand_ins = [f"-L{out}", f"-l:{soname}", f"-l:{NCCL_SONAME}"]
+    # libxsim_locks first: its pthread functions must come before libc's.
+    stand_ins = [
+        f"-L{out}",
+        "-Wl,--no-as-needed",
+        f"-l:{LOCKS}",
+        f"-l:{soname}",
+        f"-l:{NCCL_SONAME}",
+    ]
+
+    def compile(sources: list[str], output: str, *flags: str) -> list[str]:
+        return [
+            runtime_build.compiler(), *FLAGS, *(str(SOURCES / s) for s in sources), *flags,
+            "-Wl,-rpath,$ORIGIN", "-ldl", "-o", str(out / output),
+        ]  # fmt: skip
+
     return [
-        [
-            cxx,
-            *FLAGS,
+        compile(["locks.cc"], LOCKS, "-shared"),
+        compile(
+            ["model.cc", "cudart.cc"],
+            soname,
             "-shared",
-            *cuda_includes,
-            str(SOURCES / "model.cc"),
-            str(SOURCES / "cudart.cc"),
+            *cuda_headers,
             f"-Wl,-soname,{soname}",
             f"-Wl,--version-script={SOURCES / f'cudart{version}.map'}",
-            "-o",
-            str(out / soname),
-        ],
-        [
-            cxx,
-            *FLAGS,
+        ),
+        compile(
+            ["nccl.cc", "transport.cc"],
+            NCCL_SONAME,
             "-shared",
-            *cuda_includes,
-            str(SOURCES / "nccl.cc"),
-            str(SOURCES / "transport.cc"),
+            *cuda_headers,
             f"-Wl,-soname,{NCCL_SONAME}",
             f"-L{out}",
             f"-l:{soname}",
-            here_rpath,
-            "-o",
-            str(out / NCCL_SONAME),
-        ],
-        [
-            cxx,
-            *FLAGS,
-            *ffi,
-            str(SOURCES / "replay.cc"),
-            "-Wl,--no-as-needed",
-            *stand_ins,
-            here_rpath,
-            "-ldl",
-            "-o",
-            str(out / "xsim-replay"),
-        ],
-        [
-            cxx,
-            *FLAGS,
-            "-shared",
-            *ffi,
-            *cuda_includes,
-            str(SOURCES / "forward.cc"),
-            "-Wl,--no-as-needed",
-            *stand_ins,
-            here_rpath,
-            "-ldl",
-            "-o",
-            str(out / "libxsim_forward.so"),
-        ],
+        ),
+        compile(["replay.cc"], "xsim-replay", *ffi_headers, *stand_ins),
+        compile(["forward.cc"], FORWARD, "-shared", *ffi_headers, *cuda_headers, *stand_ins),
     ]
 
 

@@ -26,16 +26,22 @@
 //            are undefined: here every byte is 0xff) and frees the handle; its
 //            peers are not told ("ncclCommAbort"; what peers see is our reading).
 //            Freed handles are handed out again, last freed first, as malloc would.
-// [threads]  Only ncclCommGetAsyncError and ncclCommAbort may be called on a
-//            communicator while another thread uses it ("Thread safety").
+// [threads]  No two threads may call NCCL on one communicator at once,
+//            ncclCommGetAsyncError and ncclCommAbort included ("Thread safety";
+//            XLA and PyTorch hold a lock per communicator). Checked as Eraser's
+//            lockset: the mutexes held at every call on a communicator (seen by
+//            libxsim_locks, locks.cc) must keep one in common once two threads
+//            call on it, whatever the interleaving of this run.
+#include <dlfcn.h>
 #include <nccl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <set>
 #include <cstring>
+#include <set>
 #include <sstream>
+#include <thread>
 
 #include "model.h"
 #include "transport.h"
@@ -347,8 +353,13 @@ struct CommState : std::enable_shared_from_this<CommState> {
   std::map<uint64_t, OpPtr> ops;  // issued and not done, by call number
   std::function<void(const Message&)> to_hub;
   std::string last_error;
+  // [threads] The locks held at every call so far, and who called.
+  std::set<void*> lockset;
+  std::set<std::thread::id> callers;
+  bool lockset_reported = false;
 
   void OnMessage(const Message& m);
+  void CheckThreads(const char* call);
 };
 
 struct ncclCommHandle;
@@ -526,6 +537,37 @@ class GroupWork : public Collective {
   std::vector<Call> calls_;
 };
 
+// [threads] (the model's own lock is held by every call, and does not count).
+void CommState::CheckThreads(const char* call) {
+  using Held = int (*)(void**, int);
+  static Held held_by_this_thread = reinterpret_cast<Held>(dlsym(RTLD_DEFAULT, "xsim_locks_held"));
+  if (held_by_this_thread == nullptr) return;  // libxsim_locks is not loaded: no check
+  void* locks[64];
+  int n = held_by_this_thread(locks, 64);
+  std::set<void*> held(locks, locks + n);
+  held.erase(Model::Get().mu().native_handle());
+  if (callers.empty()) {
+    lockset = held;
+  } else {
+    std::set<void*> both;
+    for (void* l : lockset) {
+      if (held.count(l)) both.insert(l);
+    }
+    lockset.swap(both);
+  }
+  callers.insert(std::this_thread::get_id());
+  if (callers.size() > 1 && lockset.empty() && !lockset_reported) {
+    lockset_reported = true;
+    Model::Get().AddReport(
+        "misuse", std::string(call) + " (rank " + std::to_string(rank) + ", device " +
+                      std::to_string(device) + ") on communicator " + id + ": " +
+                      std::to_string(callers.size()) +
+                      " threads call NCCL on it and no lock is held at every call, so two "
+                      "calls may overlap: NCCL forbids that, ncclCommGetAsyncError and "
+                      "ncclCommAbort included [threads]");
+  }
+}
+
 void CommState::OnMessage(const Message& m) {
   Model& model = Model::Get();
   switch (m.type) {
@@ -641,6 +683,7 @@ ncclResult_t AddCall(ncclComm_t comm, const char* name, Prim prim, const void* s
   ncclResult_t error;
   auto state = Live(comm, name, &error);
   if (state == nullptr) return error;
+  state->CheckThreads(name);
   std::string where = std::string(name) + " (rank " + std::to_string(state->rank) + ", device " +
                       std::to_string(state->device) + ")";
   if (!state->ready) return Misuse(ncclInvalidArgument, where + ": the communicator is still being initialized [nonblock]");
@@ -765,6 +808,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
   state->device = Model::CurrentDevice();
   state->blocking = config == nullptr || config->blocking != 0;  // NCCL_CONFIG_UNDEF_INT: blocking
   state->init_polls = xsim::Setting("init_polls", 1);
+  state->CheckThreads("ncclCommInitRankConfig");
   for (auto& weak : Reg().local[state->id]) {
     auto other = weak.lock();
     if (other && other->device == state->device && !other->aborted) {
@@ -823,6 +867,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* result) {
   ncclResult_t error;
   auto state = xsim::Live(comm, "ncclCommGetAsyncError", &error);
   if (state == nullptr) return error;
+  state->CheckThreads("ncclCommGetAsyncError");
   if (result == nullptr) return ncclInvalidArgument;
   if (state->async != ncclSuccess) {
     *result = state->async;
@@ -852,6 +897,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   ncclResult_t error;
   auto state = xsim::Live(comm, "ncclCommAbort", &error);
   if (state == nullptr) return error;
+  state->CheckThreads("ncclCommAbort");
   state->aborted = true;
   state->deferred.clear();
   for (auto& [seq, op] : state->ops) {

@@ -593,6 +593,10 @@ int main(int argc, char** argv) {
     });
   }
   for (std::thread& t : threads) t.join();
+  // The backend's watchdog polls the collectives in flight every 20 ms from a
+  // thread of its own: linger for a few of its sweeps, so that its NCCL calls are
+  // checked too (the lockset check of nccl.cc).
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
   std::sort(blocked.begin(), blocked.end());
   std::ostringstream os;
   os << "{\"errors\":[";
