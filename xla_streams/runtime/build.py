@@ -254,8 +254,8 @@ def _find(dirs: Iterable[Path], names: tuple[str, ...]) -> Path | None:
     return next((d / n for d in dirs for n in names if (d / n).is_file()), None)
 
 
-def _command(library: Library, output: Path) -> list[str]:
-    src = source_dir()
+def _command(library: Library, output: Path, src: Path | None = None) -> list[str]:
+    src = src or source_dir()
     command = [compiler(), *CXX_FLAGS, "-isystem", str(ffi_include_dir()), f"-I{src}"]
     if library.name == "cuda":
         cuda = find_cuda()
@@ -368,8 +368,14 @@ def build(name: str, *, force: bool = False, verbose: bool = False) -> Path:
     return target
 
 
-def _compile(name: str, output: Path, verbose: bool) -> None:
-    command = _command(LIBRARIES[name], output)
+def compile_from(name: str, sources: Path, output: Path) -> None:
+    """Compiles library ``name`` from the sources in ``sources`` (a copy of csrc/, say
+    with a change) into ``output`` with the command :func:`build` uses; no cache."""
+    _compile(name, output, False, sources)
+
+
+def _compile(name: str, output: Path, verbose: bool, sources: Path | None = None) -> None:
+    command = _command(LIBRARIES[name], output, sources)
     if verbose:
         print(" ".join(command), file=sys.stderr)
     try:

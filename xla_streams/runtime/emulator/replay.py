@@ -73,16 +73,19 @@ class Plan:
         kv: str = "",
         skip: frozenset[tuple[int, int]] = frozenset(),
         at_ms: dict[int, int] | None = None,
+        configure: dict[str, int] | None = None,
     ) -> str:
         """The script of one process (its devices are ``process * devices_per_process``
         onward, its local ordinals from 0). ``skip``: (device, instance) pairs whose
         start and done that device never calls (a device that never arrives);
         ``at_ms``: instance -> when, in milliseconds from the replay's start, every
         device makes that start (a later execution: a failed call skips the rest of
-        its device's execution, as XLA stops one)."""
+        its device's execution, as XLA stops one); ``configure``: emulator settings
+        (``xsim_configure``: residency, connections, ...)."""
         per = devices_per_process or self.devices
         local = range(process * per, (process + 1) * per)
         lines = [f"# {len(self.calls)} calls on each of {self.devices} devices"]
+        lines += [f"configure {key} {value}" for key, value in (configure or {}).items()]
         if timeout_ms:
             lines.append(f"timeout_ms {timeout_ms}")
         if per != self.devices:

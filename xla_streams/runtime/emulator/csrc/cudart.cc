@@ -355,6 +355,14 @@ size_t xsim_reports(char* buffer, size_t capacity) {
   return CopyOut(os.str(), buffer, capacity);
 }
 
+int xsim_deadlocks(void) {
+  Model& model = Model::Get();
+  std::lock_guard<std::mutex> lock(model.mu());
+  int n = 0;
+  for (const xsim::Report& r : model.Reports()) n += r.kind == "deadlock";
+  return n;
+}
+
 void xsim_clear_reports(void) {
   Model& model = Model::Get();
   std::lock_guard<std::mutex> lock(model.mu());

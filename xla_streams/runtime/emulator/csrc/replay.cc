@@ -195,6 +195,10 @@ Script Read(const char* path) {
       script.global[ordinal] = id;
     } else if (word == "kv") {
       words >> script.kv;
+    } else if (word == "configure") {  // an emulator setting (xsim_configure)
+      std::string key, value;
+      words >> key >> value;
+      if (xsim_configure(key.c_str(), value.c_str()) != 0) Fail(where() + "bad setting " + key);
     } else if (word == "buffer") {
       std::string name, type;
       size_t bytes;
@@ -333,7 +337,8 @@ class Device {
   }
 
   // Runs the steps, then waits for the compute stream: false if it is still
-  // blocked after `drain_ms` (a collective that never completes holds it).
+  // blocked after `drain_ms` or deadlocked (a collective that never completes
+  // holds it).
   // A call that fails ends the execution on this device, as in XLA: the steps up
   // to the next `at` (the next execution) are not made.
   bool Run(const std::vector<Step>& steps, int64_t drain_ms) {
@@ -342,7 +347,13 @@ class Device {
       if (step.what == "at") failed = false;
       if (!failed) failed = !Do(step);
     }
-    return xsim_stream_wait(compute_, drain_ms) == 0;
+    // Drained, or never: a stream caught in a deadlock the checks reported is
+    // not waited for.
+    for (int64_t waited = 0; waited < drain_ms; waited += 50) {
+      if (xsim_stream_wait(compute_, 50) == 0) return true;
+      if (xsim_deadlocks() > 0) return false;
+    }
+    return false;
   }
 
  private:
@@ -575,8 +586,9 @@ int main(int argc, char** argv) {
     devices.push_back(std::make_unique<Device>(ordinal, script, &outcome, start, done));
   }
   // A stream still blocked this long after its thread's last step is reported,
-  // not waited for: a hung collective holds its device's compute stream for ever.
-  int64_t drain_ms = script.timeout_ms > 0 ? 3 * script.timeout_ms + 2000 : 60000;
+  // not waited for: a collective still running past its timeout is hung and holds
+  // its device's compute stream for ever.
+  int64_t drain_ms = script.timeout_ms > 0 ? script.timeout_ms + 1000 : 60000;
   std::vector<std::thread> threads;
   std::vector<int> blocked;
   std::mutex blocked_mu;

@@ -50,6 +50,8 @@ int xsim_inject(const char* what, int device);
 // "message": ...}. Like snprintf: returns the length needed.
 size_t xsim_reports(char* buffer, size_t capacity);
 void xsim_clear_reports(void);
+// How many deadlocks the checks have reported (a stream in one never drains).
+int xsim_deadlocks(void);
 // Every collective that ran: a JSON array of {device, stream, stream_label, queue, what}.
 size_t xsim_op_log(char* buffer, size_t capacity);
 
