@@ -138,14 +138,7 @@ def _commands(out: Path, soname: str) -> list[list[str]]:
     cuda_headers = [arg for d in cuda.include_dirs for arg in ("-isystem", str(d))]
     ffi_headers = ["-isystem", str(runtime_build.ffi_include_dir())]
     version = soname.rsplit(".", 1)[-1]
-    # libxsim_locks first: its pthread functions must come before libc's.
-    stand_ins = [
-        f"-L{out}",
-        "-Wl,--no-as-needed",
-        f"-l:{LOCKS}",
-        f"-l:{soname}",
-        f"-l:{NCCL_SONAME}",
-    ]
+    stand_ins = [f"-L{out}", "-Wl,--no-as-needed", f"-l:{soname}", f"-l:{NCCL_SONAME}"]
 
     def compile(sources: list[str], output: str, *flags: str) -> list[str]:
         return [
@@ -172,7 +165,8 @@ def _commands(out: Path, soname: str) -> list[list[str]]:
             f"-L{out}",
             f"-l:{soname}",
         ),
-        compile(["replay.cc"], "xsim-replay", *ffi_headers, *stand_ins),
+        # libxsim_locks first: its pthread functions must come before libc's.
+        compile(["replay.cc"], "xsim-replay", *ffi_headers, f"-L{out}", f"-l:{LOCKS}", *stand_ins),
         compile(["forward.cc"], FORWARD, "-shared", *ffi_headers, *cuda_headers, *stand_ins),
     ]
 

@@ -91,8 +91,19 @@ int pthread_cond_clockwait(pthread_cond_t* c, pthread_mutex_t* m, clockid_t cloc
   return r;
 }
 
-// The mutexes this thread holds now: copied into `out`; returns how many.
+// The mutexes this thread holds now: copied into `out`; returns how many, or -1
+// when this library's pthread functions are not the ones the process calls (it was
+// loaded after libc, not preloaded), so that it sees no lock.
 int xsim_locks_held(void** out, int capacity) {
+  static const bool interposed = [] {
+    static pthread_mutex_t probe = PTHREAD_MUTEX_INITIALIZER;
+    int before = t_count;
+    pthread_mutex_lock(&probe);  // resolved as every caller's call is
+    bool seen = t_count > before;
+    pthread_mutex_unlock(&probe);
+    return seen;
+  }();
+  if (!interposed) return -1;
   int n = t_count < capacity ? t_count : capacity;
   std::memcpy(out, t_held, sizeof(void*) * n);
   return n;
