@@ -100,7 +100,7 @@ from xla_streams import programs, runtime  # noqa: E402
 from xla_streams.hlo import parse_module  # noqa: E402
 from xla_streams.plugin import hook  # noqa: E402
 from xla_streams.report import AssignmentReport  # noqa: E402
-from xla_streams.runtime import abi  # noqa: E402
+from xla_streams.runtime import abi, calls  # noqa: E402
 from xla_streams.simulate import Simulator, get_target  # noqa: E402
 from xla_streams.simulate.calibration import (  # noqa: E402
     Calibration,
@@ -964,29 +964,6 @@ def ffi_call_of(
     )
 
 
-def ffi_start(x: Any, call: abi.CollectiveCall, out: Any = None) -> Any:
-    import jax
-
-    shape = out if out is not None else jax.ShapeDtypeStruct(x.shape, x.dtype)
-    start = jax.ffi.ffi_call(abi.START_TARGET, shape, has_side_effect=True)
-    return start(x, **runtime.ffi_attributes(call.start_attributes()))
-
-
-def ffi_done(started: Any, x: Any, call: abi.CollectiveCall, *after: Any) -> Any:
-    """The done of ``started``; ``after``: values it must wait for (extra operands)."""
-    import jax
-
-    shape = jax.ShapeDtypeStruct(started.shape, started.dtype)
-    done = jax.ffi.ffi_call(
-        abi.DONE_TARGET, shape, has_side_effect=True, input_output_aliases={0: 0}
-    )
-    return done(started, x, *after, **runtime.ffi_attributes(call.done_attributes()))
-
-
-def ffi_pair(x: Any, call: abi.CollectiveCall, out: Any = None) -> Any:
-    return ffi_done(ffi_start(x, call, out), x, call)
-
-
 @functools.cache
 def xla_collective(kind: str) -> Callable[[Any], Any]:
     """XLA's own one-rank ``kind``, jitted once (shard_map over this one device)."""
@@ -1025,7 +1002,8 @@ def child_ffi(folder: Path) -> None:
         def pairs(v: Any) -> tuple[Any, ...]:
             # Each kind on a stream of its own: five streams in one program.
             return tuple(
-                ffi_pair(v, ffi_call_of(i, kind, stream=i)) for i, kind in enumerate(FFI_KINDS)
+                calls.collective(ffi_call_of(i, kind, stream=i), [v])[0]
+                for i, kind in enumerate(FFI_KINDS)
             )
 
         for kind, got in zip(FFI_KINDS, jax.jit(pairs)(x), strict=True):
@@ -1061,10 +1039,12 @@ def ffi_events() -> dict[str, Any]:
     reduce, gather = ffi_call_of(100, "all-reduce", 0), ffi_call_of(101, "all-gather", 1)
 
     def step(x: Any, y: Any, a: Any, b: Any) -> Any:
-        s1, s2 = ffi_start(x, reduce), ffi_start(y, gather)
+        s1 = calls.start(reduce, [x], [jax.ShapeDtypeStruct(x.shape, x.dtype)])
+        s2 = calls.start(gather, [y], [jax.ShapeDtypeStruct(y.shape, y.dtype)])
         s1, s2, a = jax.lax.optimization_barrier((s1, s2, a))
         m = jnp.dot(a, b, preferred_element_type=jnp.float32)
-        return ffi_done(s1, x, reduce, m), ffi_done(s2, y, gather, m), m
+        # The matmul is an operand of each done: they run after it.
+        return calls.done(reduce, s1, [x], m)[0], calls.done(gather, s2, [y], m)[0], m
 
     def matmul(a: Any, b: Any) -> Any:
         return jnp.dot(a, b, preferred_element_type=jnp.float32)
@@ -1135,7 +1115,7 @@ def ffi_overhead() -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
 
-    ours = jax.jit(lambda v: ffi_pair(v, ffi_call_of(200, "all-reduce", stream=0)))
+    ours = jax.jit(lambda v: calls.collective(ffi_call_of(200, "all-reduce", stream=0), [v])[0])
     figures = {}
     for label, size in OVERHEAD_SIZES.items():
         x = jnp.ones(size // 4, jnp.float32)
@@ -1164,8 +1144,8 @@ def ffi_errors() -> dict[str, Any]:
     bad_shape = ffi_call_of(300, "all-gather", 0, "gpu_check.bad_shape")
     lonely = ffi_call_of(301, "all-reduce", 0, "gpu_check.lonely", (0, 1), device_ids=(0, 0))
     cases = {
-        "bad_shape": lambda: ffi_pair(x, bad_shape, wrong),
-        "lonely": lambda: ffi_pair(x, lonely),
+        "bad_shape": lambda: calls.collective(bad_shape, [x], [wrong]),
+        "lonely": lambda: calls.collective(lonely, [x]),
     }
     runtime.set_timeout(5.0)  # the lonely communicator gives up after this
     figures: dict[str, Any] = {}
