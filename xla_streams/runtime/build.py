@@ -108,11 +108,13 @@ def compiler() -> str:
 
 
 def ffi_include_dir() -> Path:
-    try:
-        import jax.ffi
-    except ImportError as e:  # pragma: no cover - jax is a dependency
-        raise BuildError(f"xla_streams: jax is needed to build the runtime: {e}") from e
-    include = Path(jax.ffi.include_dir())
+    """jaxlib's ``include/`` (``jax.ffi.include_dir()``), found without importing JAX:
+    importing it loads JAX's CUDA plugin, and with it the CUDA runtime, which the
+    CUDA emulator must be the first to load."""
+    spec = importlib.util.find_spec("jaxlib")
+    if spec is None or not spec.submodule_search_locations:  # pragma: no cover - a dependency
+        raise BuildError("xla_streams: jaxlib is needed to build the runtime")
+    include = Path(next(iter(spec.submodule_search_locations))) / "include"
     if not (include / "xla" / "ffi" / "api" / "ffi.h").is_file():
         raise BuildError(f"xla_streams: XLA FFI headers not found under {include}")
     return include

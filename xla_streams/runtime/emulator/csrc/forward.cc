@@ -82,10 +82,11 @@ void HostAccess(int ordinal, int64_t size, void** buffers, int write, const char
 }
 
 XLA_FFI_Error* Forward(XLA_FFI_CallFrame* frame, bool start) {
-  if (frame->extension_start != nullptr || frame->stage != XLA_FFI_ExecutionStage_EXECUTE) {
-    return nullptr;  // metadata queries and other stages: nothing to forward
-  }
-  if (g_start == nullptr) return Error("xla_streams: the forwarding handlers have no backend");
+  if (g_start == nullptr) return nullptr;  // registered before the backend: cannot happen
+  XLA_FFI_Handler* handler = start ? g_start : g_done;
+  // XLA asks a handler for its metadata (API version, traits): the backend's answers.
+  if (frame->extension_start != nullptr) return handler(frame);
+  if (frame->stage != XLA_FFI_ExecutionStage_EXECUTE) return nullptr;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     if (g_api == nullptr) {
@@ -98,7 +99,7 @@ XLA_FFI_Error* Forward(XLA_FFI_CallFrame* frame, bool start) {
   if (start) HostAccess(ordinal, frame->args.size, frame->args.args, 1, "XLA:CPU wrote an operand");
   XLA_FFI_CallFrame copy = *frame;
   copy.api = &g_forward_api;
-  XLA_FFI_Error* error = (start ? g_start : g_done)(&copy);
+  XLA_FFI_Error* error = handler(&copy);
   if (error != nullptr || start) return error;
   void* stream = ComputeStream(ordinal);
   while (xsim_stream_wait(stream, 20) == 1) {
