@@ -732,12 +732,12 @@ def check_conformance(record: Record, child: Child) -> None:
     record.figures = {
         "program": data.get("program"),
         "devices": data.get("devices"),
-        "failed": [c["name"] for c in expectations if c["passed"] is False],
         "skipped": [f"{c['name']}: {c['detail']}" for c in expectations if c["passed"] is None],
         "expectations": expectations,
     }
-    record.error = error
-    record.passed = error is None and bool(expectations) and not record.figures["failed"]
+    failed = [f"{c['name']}: {c['detail']}" for c in expectations if c["passed"] is False]
+    record.error = error or ("failed: " + "; ".join(failed) if failed else None)
+    record.passed = error is None and bool(expectations) and not failed
 
 
 def ffi_passed(data: dict[str, Any], parts: tuple[str, ...]) -> bool:
