@@ -92,6 +92,7 @@ import functools
 import glob
 import gzip
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -781,6 +782,9 @@ SANITIZERS: dict[str, tuple[str, tuple[str, ...], dict[str, str]]] = {
         {"XLA_PYTHON_CLIENT_ALLOCATOR": "cuda_async"},  # stream-ordered allocations
     ),
 }
+# For every tool: wait for the child however long JAX takes to reach CUDA (by default
+# the sanitizer gives up after 60 s); the child's own time limit still holds.
+SANITIZER_OPTIONS = ("--launch-timeout", "0")
 SANITIZER_FOUND = 99  # --error-exitcode: the tool reported an error
 # Instrumented kernels run many times slower: the runtime's collectives get longer
 # than their default timeout before they are declared hung.
@@ -789,11 +793,14 @@ SANITIZED_TIMEOUT_S = "900"
 
 def find_sanitizer() -> str | None:
     """``compute-sanitizer`` on PATH, else in a CUDA toolkit (``$CUDA_HOME``, nvcc's,
-    /usr/local/cuda: ``bin/`` or ``compute-sanitizer/``)."""
+    /usr/local/cuda) or an ``nvidia-cuda-sanitizer-api`` wheel (``nvidia/cu13/bin``)."""
     found = shutil.which("compute-sanitizer")
     if found is not None:
         return found
-    for home in runtime_build.default_homes():
+    spec = importlib.util.find_spec("nvidia")
+    wheels = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    homes = [*runtime_build.default_homes(), *(d for w in wheels for d in sorted(w.iterdir()))]
+    for home in homes:
         for path in (home / "bin", home / "compute-sanitizer"):
             if os.access(path / "compute-sanitizer", os.X_OK):
                 return str(path / "compute-sanitizer")
@@ -829,7 +836,9 @@ def start_sanitizers(work: Path, budget: Budget, records: dict[str, Record]) -> 
     children = {}
     for name, (tool, options, env) in SANITIZERS.items():
         folder = work / name
-        prefix, left_out = sanitizer_prefix(sanitizer, tool, options, folder, known)
+        prefix, left_out = sanitizer_prefix(
+            sanitizer, tool, (*SANITIZER_OPTIONS, *options), folder, known
+        )
         records[name].figures["command"] = " ".join(prefix)
         records[name].figures["options this compute-sanitizer does not know"] = left_out
         children[name] = start_child(
