@@ -15,7 +15,7 @@ COMPAT_VENV := .venv-jax$(COMPAT_JAX)
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
 COMPAT_TESTS := unmodified_script or ffi_mode_from or bad_values_stop or strict_mode_from
 
-.PHONY: demo test typecheck compat chromium bazel-test ray-test python
+.PHONY: demo test typecheck compat gpu-check-bare chromium bazel-test ray-test python
 demo: $(STAMP)
 	$(VENV)/bin/xla-streams demo
 
@@ -34,6 +34,32 @@ typecheck: $(STAMP)
 # ffi modes on an unmodified 8-device program (tests/plugin/test_plugin.py, subprocesses).
 compat: $(COMPAT_STAMP)
 	$(COMPAT_VENV)/bin/python -m pytest -q tests/plugin/test_plugin.py -k '$(COMPAT_TESTS)'
+
+# The GPU image as this project first meets it: Python 3.12 with jax and jaxlib only
+# (CPU wheels here), nothing of ours installed, no network. From an archive of the
+# working tree (tracked files and untracked ones git does not ignore, as they are
+# now), tools/gpu_check.py's dry run must pass and every tool must start (--help), on
+# the image's jax and on the users'. One venv per version, about 100 MB each, made once.
+BARE_JAX := 0.11.2 0.12.0.1
+gpu-check-bare: $(foreach v,$(BARE_JAX),.venv-bare-jax$(v)/.installed)
+	@tree=$$(mktemp -d) && trap 'rm -rf "$$tree"' EXIT && \
+	git ls-files -z --cached --others --exclude-standard \
+	    | tar --null -T - --ignore-failed-read -cf - 2>/dev/null | tar -xf - -C "$$tree" && \
+	cd "$$tree" && for v in $(BARE_JAX); do \
+	    python="$(CURDIR)/.venv-bare-jax$$v/bin/python"; \
+	    JAX_PLATFORMS=cpu "$$python" tools/gpu_check.py --dry-run "$$tree/out-$$v" >"$$tree/log" 2>&1 \
+	        || { cat "$$tree/log"; echo "gpu_check --dry-run failed on a bare tree, jax $$v" >&2; exit 1; }; \
+	    for tool in tools/*.py; do \
+	        JAX_PLATFORMS=cpu "$$python" "$$tool" --help >"$$tree/log" 2>&1 \
+	            || { cat "$$tree/log"; echo "$$tool --help failed on a bare tree, jax $$v" >&2; exit 1; }; \
+	    done; \
+	    echo "bare tree, jax $$v: gpu_check --dry-run passed, every tool starts"; \
+	done
+
+.venv-bare-jax%/.installed: | python
+	$(PYTHON) -m venv --clear .venv-bare-jax$*
+	.venv-bare-jax$*/bin/pip install --quiet 'jax==$*' 'jaxlib==$*'
+	touch $@
 
 # Headless Chromium renders the HTML report in a test (Debian's package; CI runs as root).
 chromium:

@@ -17,8 +17,7 @@ import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from xla_streams import runtime
-from xla_streams.runtime import abi
+from xla_streams.runtime import abi, calls
 
 
 def main(path: str) -> None:
@@ -42,13 +41,8 @@ def main(path: str) -> None:
     def all_reduce(x: jax.Array) -> jax.Array:
         ids = jax.lax.axis_index("x").astype(jnp.uint32)
         zero = jnp.zeros((), jnp.uint32)
-        result = jax.ShapeDtypeStruct(x.shape, x.dtype)
-        start = jax.ffi.ffi_call(abi.START_TARGET, result, has_side_effect=True)
-        started = start(x, zero, ids, **runtime.ffi_attributes(call.start_attributes()))
-        done = jax.ffi.ffi_call(
-            abi.DONE_TARGET, result, has_side_effect=True, input_output_aliases={0: 0}
-        )
-        return done(started, x, **runtime.ffi_attributes(call.done_attributes()))
+        (out,) = calls.collective(call, [x], ids=(zero, ids))
+        return out
 
     mesh = Mesh(np.array(jax.devices()), ("x",))
     fn = jax.jit(jax.shard_map(all_reduce, mesh=mesh, in_specs=P("x"), out_specs=P("x")))

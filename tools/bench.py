@@ -60,9 +60,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xla_streams.hlo import parse_module, parse_shape
-
 REPO = Path(__file__).resolve().parent.parent
+# Use this checkout's xla_streams even if another copy is installed.
+sys.path.insert(0, str(REPO))
+
+from xla_streams.hlo import parse_module, parse_shape  # noqa: E402
+
 FIXTURES = REPO / "hlo_fixtures"
 
 Timed = Callable[[], None]

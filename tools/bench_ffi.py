@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -43,11 +44,15 @@ import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from xla_streams import runtime
-from xla_streams.pipeline import build_pipeline
-from xla_streams.plugin import hook
-from xla_streams.plugin.xla_module import module_text
-from xla_streams.runtime import abi
+REPO = Path(__file__).resolve().parent.parent
+# Use this checkout's xla_streams even if another copy is installed.
+sys.path.insert(0, str(REPO))
+
+from xla_streams import runtime  # noqa: E402
+from xla_streams.pipeline import build_pipeline  # noqa: E402
+from xla_streams.plugin import hook  # noqa: E402
+from xla_streams.plugin.xla_module import module_text  # noqa: E402
+from xla_streams.runtime import abi  # noqa: E402
 
 FFI = {"on": False, "lowered": 0}
 

@@ -28,8 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from xla_streams.cli import main as xla_streams_main
-from xla_streams.streams.rule import MAX_RULE_WORK
+REPO = Path(__file__).resolve().parent.parent
+# Use this checkout's xla_streams even if another copy is installed.
+sys.path.insert(0, str(REPO))
+
+from xla_streams.cli import main as xla_streams_main  # noqa: E402
+from xla_streams.streams.rule import MAX_RULE_WORK  # noqa: E402
 
 HEAD = """\
 %add (a: f32[], b: f32[]) -> f32[] {

@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from xla_streams import programs  # noqa: E402
 from xla_streams.tuning.driver import tune, tune_path  # noqa: E402
-from xla_streams.tuning.result import DEFAULT_BUDGET_S, TuneResult  # noqa: E402
+from xla_streams.tuning.result import DEFAULT_BUDGET_S, TuneError, TuneResult  # noqa: E402
 
 EXPECTED_SPEEDUP = {"fsdp_tp_scan": 1.1}
 # Programs where nothing large can overlap: the most their recommendation may gain.
@@ -110,4 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except TuneError as e:  # no GPU compiler here, or the program failed: say which
+        sys.exit(f"{Path(__file__).name}: {e}")

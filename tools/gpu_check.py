@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """Everything that needs an NVIDIA GPU, measured in one command of under five minutes.
 
-    python3 tools/gpu_check.py OUT_DIR            # on a machine with a GPU
-    python3 tools/gpu_check.py OUT_DIR --dry-run  # anywhere: the plan, and every part
-                                                    # that needs no GPU
+    python3 tools/gpu_check.py OUT_DIR             # on a machine with a GPU
+    python3 tools/gpu_check.py OUT_DIR --dry-run   # anywhere: the plan, and every part
+                                                     # that needs no GPU
+    python3 tools/gpu_check.py OUT_DIR --emulated  # anywhere with CUDA's headers (make
+                                                     # test): the checks that have a
+                                                     # rehearsal, on the emulated runtime
 
 Written for the H200 image: Python 3.12, jax/jaxlib 0.11.2 with the
 jax-cuda13-plugin, nvidia-nccl-cu13, nvcc 13, no network. It runs from the
 source tree (this script puts the repository on ``sys.path``; nothing is
-installed and no wheel needs to travel: the image has jax). The plugin is
+installed and no wheel needs to travel: the image has jax), and its dry run on a
+Python with only jax and jaxlib (``make gpu-check-bare``). The plugin is
 switched on with ``xla_streams.enable()`` (its ``jax_plugins`` entry point
 would need an install).
 
@@ -17,6 +21,14 @@ costs one check, not the run (names as in ``OUT_DIR/gpu_check.json``):
 
 ``build``            ``python -m xla_streams.runtime.build --cuda``: the ffi runtime
                      against the image's CUDA 13 wheels. Runs while ``native`` does.
+``conformance``      ``xsim-conformance`` (``xla_streams/runtime/emulator/csrc/``)
+                     compiled against the image's CUDA runtime and NCCL and run: the
+                     rules the emulator's stand-ins model, as expectations each
+                     citing its document (event capture at record and wait time,
+                     ``cudaEventElapsedTime``'s errors, the ``ncclInProgress``
+                     sequence, abort; with two GPUs, a collective waiting for its
+                     peer). ``make test`` runs the same program on the stand-ins.
+                     Runs while ``native`` does.
 ``native``           native mode on the GPU. The embedded training step
                      (``transformer_step``, 8 devices: with one GPU, JAX's mock
                      topology makes this GPU one of 8 hosts and mocks NCCL) is
@@ -37,7 +49,16 @@ costs one check, not the run (names as in ``OUT_DIR/gpu_check.json``):
                      ``ffi_trace.json``); two provoked errors (a bad buffer, an
                      NCCL communicator that never completes) raised in Python
                      naming the op; the cost of a start/done pair against XLA's
-                     program at 1 KiB, 1 MiB and 64 MiB.
+                     program at 1 KiB, 1 MiB and 64 MiB. Its correctness and error
+                     parts are rehearsed on the emulated runtime (``--emulated``,
+                     on XLA:CPU device 0); the timed parts need the GPU.
+``sanitizer_racecheck``, ``sanitizer_synccheck``, ``sanitizer_memcheck``
+                     where ``compute-sanitizer`` is found: the ffi check's
+                     correctness part under its racecheck and synccheck tools, and
+                     under memcheck with stream-ordered race tracking and XLA's
+                     stream-ordered allocator. They check what happens inside
+                     kernels (and allocation lifetimes in stream order), not the
+                     order between streams. Run while ``native`` does.
 ``calibration``      one device's program of ``transformer_step`` compiled as users
                      get it (autotuning on), profiled; measured kernel time per
                      class (matmul, memory-bound) against the cost model's
@@ -71,6 +92,7 @@ import functools
 import glob
 import gzip
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -100,7 +122,9 @@ from xla_streams import programs, runtime  # noqa: E402
 from xla_streams.hlo import parse_module  # noqa: E402
 from xla_streams.plugin import hook  # noqa: E402
 from xla_streams.report import AssignmentReport  # noqa: E402
-from xla_streams.runtime import abi  # noqa: E402
+from xla_streams.runtime import abi, calls, emulator  # noqa: E402
+from xla_streams.runtime import build as runtime_build  # noqa: E402
+from xla_streams.runtime.emulator import on_cpu  # noqa: E402
 from xla_streams.simulate import Simulator, get_target  # noqa: E402
 from xla_streams.simulate.calibration import (  # noqa: E402
     Calibration,
@@ -152,11 +176,36 @@ class Record:
     error: str | None = None
 
 
+# What no compute-sanitizer tool sees (Compute Sanitizer manual, "Introduction":
+# racecheck reports shared memory hazards, synccheck invalid uses of synchronization
+# primitives).
+SANITIZER_BLIND = (
+    "the order between streams: the sanitizer looks inside kernels, so it sees neither our "
+    "start/done events between the compute and collective streams (our handlers launch no "
+    "kernel) nor NCCL's protocol between GPUs; the emulator's race checker (make test), "
+    "which checks that order, has no GPU twin: here the conformance check and exact results "
+    "stand for it"
+)
 PROVES = {
     "build": (
         "the ffi runtime's CUDA/NCCL library compiles and links against this image's CUDA "
         "wheels with the host C++ compiler (no nvcc needed)",
         "nothing about running it (the ffi check does that)",
+    ),
+    "conformance": (
+        "the rules the emulator's stand-ins model hold for this image's CUDA runtime and "
+        "NCCL, each expectation citing its document (figures: each one's name, detail and "
+        "citation): a never-recorded event queries as cudaSuccess and is no wait; "
+        "cudaEventElapsedTime fails for a never-recorded and for an untimed event and gives "
+        "the time between two complete ones; a non-blocking communicator's init and a "
+        "one-rank all-reduce return ncclInProgress or ncclSuccess and are polled to "
+        "ncclSuccess, with an exact result; an idle communicator aborts; ncclGetVersion; "
+        "with two GPUs, a collective waiting for its peer keeps its stream busy, a stream "
+        "wait holds to the record current at the call, and the peer's call completes both "
+        "with exact results. The same program passes on the stand-ins in make test",
+        "what the expectations do not name: the emulator's deadlock model (hardware queues, "
+        "co-resident kernels), its race checker, multi-process bootstrap, timings; with one "
+        "GPU the two-device expectations are skipped (their records say so)",
     ),
     "native": (
         "on a real GPU client, with the plugin on, XLA honours the report: the thunk dump "
@@ -181,6 +230,31 @@ PROVES = {
         "across processes, or bandwidth; XLA removes one-device collectives, so the XLA "
         "column times what XLA runs for the same program on one device (a copy or "
         "nothing), not an NCCL call",
+    ),
+    "sanitizer_racecheck": (
+        "compute-sanitizer's racecheck over the ffi check's correctness part (every kind "
+        "and element type through the CUDA backend, one rank): no shared-memory data hazard "
+        "inside the kernels that ran (XLA's fusions and copies, NCCL's kernels) on those "
+        "inputs",
+        SANITIZER_BLIND,
+    ),
+    "sanitizer_synccheck": (
+        "compute-sanitizer's synccheck over the ffi check's correctness part: no invalid use "
+        "of synchronization primitives (__syncthreads, __syncwarp, cooperative groups, "
+        "mbarriers) inside the kernels that ran",
+        SANITIZER_BLIND,
+    ),
+    "sanitizer_memcheck": (
+        "compute-sanitizer's memcheck with --track-stream-ordered-races all over the ffi "
+        "check's correctness part, XLA allocating with cudaMallocAsync "
+        "(XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async): no invalid device memory access in the "
+        "kernels that ran, and no use of a stream-ordered allocation before its allocation "
+        "or after its free in stream order",
+        "reuse inside one allocation: an executable's buffers are sub-allocated from one "
+        "allocation, so a collective racing a later user of its buffer within a step is not "
+        "seen; beyond allocation lifetimes, nothing about the order between streams (our "
+        "start/done events, NCCL's protocol between GPUs); the emulator's race checker "
+        "(make test) has no GPU twin",
     ),
     "calibration": (
         "how far the cost model's compute predictions (matmul and memory-bound kernels) "
@@ -209,6 +283,7 @@ class GpuCheckReport:
     (and the tests): nothing reads it back, so it has no ``from_json``."""
 
     dry_run: bool
+    emulated: bool  # the rehearsal on the emulated CUDA runtime: no GPU used
     gpu: str | None
     versions: dict[str, Any]
     budget_s: float
@@ -219,6 +294,7 @@ class GpuCheckReport:
         data = {
             "schema": SCHEMA,
             "dry_run": self.dry_run,
+            "emulated": self.emulated,
             "gpu": self.gpu,
             "versions": self.versions,
             "budget_s": self.budget_s,
@@ -305,12 +381,16 @@ def tail(path: Path, size: int = LOG_TAIL) -> str:
 
 
 def start_child(
-    work: Path, label: str, kind: str, options: list[str], env: dict[str, str], seconds: float
-) -> Child:
+    work: Path, label: str, kind: str, options: list[str], env: dict[str, str], seconds: float,
+    prefix: tuple[str, ...] = (),
+) -> Child:  # fmt: skip
+    """``kind``'s child in ``work/label``, run under ``prefix`` (a command that runs
+    the command after it, such as compute-sanitizer)."""
     folder = work / label
     folder.mkdir(parents=True, exist_ok=True)
     log, result = folder / "log.txt", folder / "result.json"
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", kind, str(folder)]
+    me = [sys.executable, str(Path(__file__).resolve())]
+    command = [*prefix, *me, str(folder), "--child", kind]
     with open(log, "wb") as out:
         process = subprocess.Popen(
             command + options,
@@ -647,16 +727,139 @@ def check_build(record: Record, child: Child) -> None:
     record.passed = error is None and bool(data.get("library"))
 
 
-def check_ffi(record: Record, work: Path, out: Path, budget: Budget, seconds: float) -> None:
-    child = start_child(work, "ffi", "ffi", [], {}, seconds)
+def check_conformance(record: Record, child: Child) -> None:
+    data, error = child.outcome()
+    expectations = data.get("checks", [])
+    record.figures = {
+        "program": data.get("program"),
+        "devices": data.get("devices"),
+        "skipped": [f"{c['name']}: {c['detail']}" for c in expectations if c["passed"] is None],
+        "expectations": expectations,
+    }
+    failed = [f"{c['name']}: {c['detail']}" for c in expectations if c["passed"] is False]
+    record.error = error or ("failed: " + "; ".join(failed) if failed else None)
+    record.passed = error is None and bool(expectations) and not failed
+
+
+def ffi_passed(data: dict[str, Any], parts: tuple[str, ...]) -> bool:
+    """Whether an ffi child ran ``parts`` and each passed (the overhead part measures,
+    it has no verdict)."""
+    return all(
+        part in data if part == "overhead" else data.get(part, {}).get("passed") is True
+        for part in parts
+    )
+
+
+def check_ffi(
+    record: Record, work: Path, out: Path, budget: Budget, seconds: float, emulated: bool = False
+) -> None:
+    parts = FFI_REHEARSED if emulated else FFI_PARTS
+    options = ["--parts", ",".join(parts), *(["--emulated"] if emulated else [])]
+    child = start_child(work, "ffi", "ffi", options, EMULATED_ENV if emulated else {}, seconds)
     wait([child], budget)
     data, error = child.outcome()
     record.figures = {k: v for k, v in data.items() if k != "trace"}
+    if emulated:
+        record.figures["not rehearsed"] = (
+            f"{', '.join(p for p in FFI_PARTS if p not in parts)}: timings, which need a GPU"
+        )
     if "trace" in data:
         (out / FFI_TRACE_FILE).write_text(json.dumps(data["trace"]))
     record.error = error
-    verdicts = [data.get(k, {}).get("passed") for k in ("kinds", "events", "errors")]
-    record.passed = error is None and all(v is True for v in verdicts) and "overhead" in data
+    clean = data.get("emulator_reports", []) == []
+    record.passed = error is None and ffi_passed(data, parts) and clean
+
+
+# compute-sanitizer's tools (Compute Sanitizer manual, "Command Line Options"), each
+# over the ffi check's correctness part: the record, then the tool, its options, and
+# the child's environment.
+SANITIZERS: dict[str, tuple[str, tuple[str, ...], dict[str, str]]] = {
+    "sanitizer_racecheck": ("racecheck", ("--racecheck-report", "all"), {}),
+    "sanitizer_synccheck": ("synccheck", (), {}),
+    "sanitizer_memcheck": (
+        "memcheck",
+        ("--track-stream-ordered-races", "all"),
+        {"XLA_PYTHON_CLIENT_ALLOCATOR": "cuda_async"},  # stream-ordered allocations
+    ),
+}
+# For every tool: wait for the child however long JAX takes to reach CUDA (by default
+# the sanitizer gives up after 60 s); the child's own time limit still holds.
+SANITIZER_OPTIONS = ("--launch-timeout", "0")
+SANITIZER_FOUND = 99  # --error-exitcode: the tool reported an error
+# Instrumented kernels run many times slower: the runtime's collectives get longer
+# than their default timeout before they are declared hung.
+SANITIZED_TIMEOUT_S = "900"
+
+
+def find_sanitizer() -> str | None:
+    """``compute-sanitizer`` on PATH, else in a CUDA toolkit (``$CUDA_HOME``, nvcc's,
+    /usr/local/cuda) or an ``nvidia-cuda-sanitizer-api`` wheel (``nvidia/cu13/bin``)."""
+    found = shutil.which("compute-sanitizer")
+    if found is not None:
+        return found
+    spec = importlib.util.find_spec("nvidia")
+    wheels = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    homes = [*runtime_build.default_homes(), *(d for w in wheels for d in sorted(w.iterdir()))]
+    for home in homes:
+        for path in (home / "bin", home / "compute-sanitizer"):
+            if os.access(path / "compute-sanitizer", os.X_OK):
+                return str(path / "compute-sanitizer")
+    return None
+
+
+def sanitizer_prefix(
+    sanitizer: str, tool: str, options: tuple[str, ...], folder: Path, known: str
+) -> tuple[tuple[str, ...], list[str]]:
+    """The command that runs a child under ``tool``, writing its report to
+    ``folder/sanitizer.<pid>.txt``, and the ``options`` left out because this
+    compute-sanitizer does not know them (``known``: its --help)."""
+    kept, left_out = [], []
+    for name, value in zip(options[::2], options[1::2], strict=True):
+        (kept if name in known else left_out).extend([name, value])
+    prefix = (
+        sanitizer, "--tool", tool, "--target-processes", "all",
+        "--error-exitcode", str(SANITIZER_FOUND),
+        "--log-file", str(folder / "sanitizer.%p.txt"), *kept,
+    )  # fmt: skip
+    return prefix, left_out[::2]
+
+
+def start_sanitizers(work: Path, budget: Budget, records: dict[str, Record]) -> dict[str, Child]:
+    """The ffi check's correctness part under each tool, at once (they time nothing);
+    without compute-sanitizer, their records say so."""
+    sanitizer = find_sanitizer()
+    if sanitizer is None:
+        for name in SANITIZERS:
+            records[name].error = "not run: compute-sanitizer is neither on PATH nor in a toolkit"
+        return {}
+    known = _run([sanitizer, "--help"])
+    children = {}
+    for name, (tool, options, env) in SANITIZERS.items():
+        folder = work / name
+        prefix, left_out = sanitizer_prefix(
+            sanitizer, tool, (*SANITIZER_OPTIONS, *options), folder, known
+        )
+        records[name].figures["command"] = " ".join(prefix)
+        records[name].figures["options this compute-sanitizer does not know"] = left_out
+        children[name] = start_child(
+            work, name, "ffi", ["--parts", "kinds"],
+            {**env, abi.TIMEOUT_ENV: SANITIZED_TIMEOUT_S}, budget.grant(150, 150), prefix,
+        )  # fmt: skip
+    return children
+
+
+def check_sanitizer(record: Record, child: Child) -> None:
+    data, error = child.outcome()
+    reports = sorted(child.result.parent.glob("sanitizer.*.txt"))
+    lines = [line for path in reports for line in path.read_text(errors="replace").splitlines()]
+    record.figures["summary"] = [line.strip("= ") for line in lines if "SUMMARY" in line]
+    record.figures["kinds"] = data.get("kinds")
+    if child.process.returncode == SANITIZER_FOUND:
+        error = f"{child.label}: compute-sanitizer reported errors:\n" + "\n".join(lines[-60:])
+    elif error is not None and not reports:
+        error += "\n(compute-sanitizer wrote no report: it may not have started)"
+    record.error = error
+    record.passed = error is None and ffi_passed(data, ("kinds",))
 
 
 # The calibration runs one device's program of the step under the mock topology, and,
@@ -935,6 +1138,11 @@ NUMPY_NAMES = {
 }  # fmt: skip
 # The element types lower-to-ffi hands the CUDA runtime, by XLA's and numpy's names.
 FFI_DTYPES = {dtype: NUMPY_NAMES[dtype] for dtype in abi.ELEMENT_TYPES["cuda"]}
+# The ffi check's parts, in order; those that time nothing are rehearsed on the
+# emulated runtime (--emulated), on XLA:CPU with JAX_PLATFORMS=cpu.
+FFI_PARTS = ("kinds", "events", "overhead", "errors")
+FFI_REHEARSED = ("kinds", "errors")
+EMULATED_ENV = {"JAX_PLATFORMS": "cpu"}
 OVERHEAD_SIZES = {"1 KiB": 1 << 10, "1 MiB": 1 << 20, "64 MiB": 64 << 20}
 EVENT_ELEMENTS = 1 << 28  # f32: 1 GiB, long enough to watch it overlap a matmul
 MATMUL = 8192  # bf16 [8192, 8192] @ [8192, 8192]: about 1.1 TFLOP
@@ -964,29 +1172,6 @@ def ffi_call_of(
     )
 
 
-def ffi_start(x: Any, call: abi.CollectiveCall, out: Any = None) -> Any:
-    import jax
-
-    shape = out if out is not None else jax.ShapeDtypeStruct(x.shape, x.dtype)
-    start = jax.ffi.ffi_call(abi.START_TARGET, shape, has_side_effect=True)
-    return start(x, **runtime.ffi_attributes(call.start_attributes()))
-
-
-def ffi_done(started: Any, x: Any, call: abi.CollectiveCall, *after: Any) -> Any:
-    """The done of ``started``; ``after``: values it must wait for (extra operands)."""
-    import jax
-
-    shape = jax.ShapeDtypeStruct(started.shape, started.dtype)
-    done = jax.ffi.ffi_call(
-        abi.DONE_TARGET, shape, has_side_effect=True, input_output_aliases={0: 0}
-    )
-    return done(started, x, *after, **runtime.ffi_attributes(call.done_attributes()))
-
-
-def ffi_pair(x: Any, call: abi.CollectiveCall, out: Any = None) -> Any:
-    return ffi_done(ffi_start(x, call, out), x, call)
-
-
 @functools.cache
 def xla_collective(kind: str) -> Callable[[Any], Any]:
     """XLA's own one-rank ``kind``, jitted once (shard_map over this one device)."""
@@ -1006,47 +1191,82 @@ def xla_collective(kind: str) -> Callable[[Any], Any]:
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
 
 
-def child_ffi(folder: Path) -> None:
+def child_ffi(folder: Path, parts: tuple[str, ...], emulated: bool) -> None:
+    """The ffi check's ``parts`` on this GPU or, ``emulated``, on XLA:CPU device 0
+    driving the CUDA backend on the emulated CUDA runtime and NCCL."""
+    checks = on_cpu.start() if emulated else None  # before JAX starts its backends
     import jax
 
     jax.config.update("jax_enable_x64", True)  # f64, s64, u64
+    result = Result(folder / "result.json")
+    if not emulated:
+        runtime.register("cuda")
+    result["nccl_version"] = int(runtime.load("cuda").xs_cuda_nccl_version())
+    bodies: dict[str, tuple[str, Callable[[], Any]]] = {
+        "kinds": ("every kind and element type", functools.partial(ffi_kinds, result)),
+        "events": ("events, not host syncs: two collectives beside a matmul", ffi_events),
+        "overhead": ("the cost of a start/done pair", ffi_overhead),
+        "errors": ("errors", ffi_errors),
+    }
+    for part in parts:
+        message, body = bodies[part]
+        progress(message)
+        result[part] = body()
+    if "events" in parts:
+        result["trace"] = chrome_trace(runtime.trace_events())
+    if checks is not None:
+        result["emulator_reports"] = checks.reports()
+
+
+def ffi_kinds(result: Result) -> dict[str, Any]:
+    """Every kind, each on a stream of its own, for every element type, against XLA's
+    one-rank collective (the cases so far are written to ``result`` as they come).
+
+    Five collectives reading one buffer at once would do as well on a GPU, but the
+    emulator's forwarding handler takes each start's operands as written by the host
+    just before it, so a second start on a buffer an earlier collective still reads
+    would read there as a race."""
+    import jax
     import jax.numpy as jnp
     import numpy as np
 
-    result = Result(folder / "result.json")
-    runtime.register("cuda")
-    result["nccl_version"] = int(runtime.load("cuda").xs_cuda_nccl_version())
-
-    progress("every kind and element type")
     cases: dict[str, str] = {}
     for dtype, numpy_name in FFI_DTYPES.items():
         x = (jnp.arange(4096) % (2 if dtype == "pred" else 97)).astype(numpy_name)
 
-        def pairs(v: Any) -> tuple[Any, ...]:
-            # Each kind on a stream of its own: five streams in one program.
+        def pairs(*operands: Any) -> tuple[Any, ...]:
             return tuple(
-                ffi_pair(v, ffi_call_of(i, kind, stream=i)) for i, kind in enumerate(FFI_KINDS)
+                calls.collective(ffi_call_of(i, kind, stream=i), [v])[0]
+                for i, (kind, v) in enumerate(zip(FFI_KINDS, operands, strict=True))
             )
 
-        for kind, got in zip(FFI_KINDS, jax.jit(pairs)(x), strict=True):
+        # Each collective its own operand (a copy of x): five independent collectives.
+        operands = [jnp.array(x, copy=True) for _ in FFI_KINDS]
+        for kind, got in zip(FFI_KINDS, jax.jit(pairs)(*operands), strict=True):
             try:
                 expected, source = xla_collective(kind)(x), "XLA"
             except Exception as e:  # JAX has no such collective for this type (bool psum)
                 expected, source = x, f"the operand (XLA refused: {type(e).__name__})"
             same = bool(np.array_equal(np.asarray(got), np.asarray(expected)))
             cases[f"{kind} {dtype}"] = f"{'equal' if same else 'DIFFERENT'} to {source}"
-        result["kinds"] = {
-            "passed": all(v.startswith("equal") for v in cases.values()),
-            "cases": cases,
-        }
+        result["kinds"] = {"passed": False, "cases": cases}  # so far
+    return {"passed": all(v.startswith("equal") for v in cases.values()), "cases": cases}
 
-    progress("events, not host syncs: two collectives beside a matmul")
-    result["events"] = ffi_events()
-    progress("the cost of a start/done pair")
-    result["overhead"] = ffi_overhead()
-    progress("errors")
-    result["errors"] = ffi_errors()
-    result["trace"] = chrome_trace(runtime.trace_events())
+
+def child_conformance(folder: Path, emulated: bool) -> None:
+    """xsim-conformance against this image's CUDA runtime and NCCL or, ``emulated``,
+    the stand-ins (built with them)."""
+    result = Result(folder / "result.json")
+    if emulated:
+        program = emulator.build().conformance
+    else:
+        progress("compiling xsim-conformance against the CUDA runtime and NCCL")
+        program = emulator.build_conformance(folder)
+    result["program"] = str(program)
+    progress("running it")
+    found = emulator.conformance(program)
+    result["devices"] = found["devices"]
+    result["checks"] = found["checks"]
 
 
 def ffi_events() -> dict[str, Any]:
@@ -1061,10 +1281,12 @@ def ffi_events() -> dict[str, Any]:
     reduce, gather = ffi_call_of(100, "all-reduce", 0), ffi_call_of(101, "all-gather", 1)
 
     def step(x: Any, y: Any, a: Any, b: Any) -> Any:
-        s1, s2 = ffi_start(x, reduce), ffi_start(y, gather)
+        s1 = calls.start(reduce, [x], [jax.ShapeDtypeStruct(x.shape, x.dtype)])
+        s2 = calls.start(gather, [y], [jax.ShapeDtypeStruct(y.shape, y.dtype)])
         s1, s2, a = jax.lax.optimization_barrier((s1, s2, a))
         m = jnp.dot(a, b, preferred_element_type=jnp.float32)
-        return ffi_done(s1, x, reduce, m), ffi_done(s2, y, gather, m), m
+        # The matmul is an operand of each done: they run after it.
+        return calls.done(reduce, s1, [x], m)[0], calls.done(gather, s2, [y], m)[0], m
 
     def matmul(a: Any, b: Any) -> Any:
         return jnp.dot(a, b, preferred_element_type=jnp.float32)
@@ -1135,7 +1357,7 @@ def ffi_overhead() -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
 
-    ours = jax.jit(lambda v: ffi_pair(v, ffi_call_of(200, "all-reduce", stream=0)))
+    ours = jax.jit(lambda v: calls.collective(ffi_call_of(200, "all-reduce", stream=0), [v])[0])
     figures = {}
     for label, size in OVERHEAD_SIZES.items():
         x = jnp.ones(size // 4, jnp.float32)
@@ -1164,8 +1386,8 @@ def ffi_errors() -> dict[str, Any]:
     bad_shape = ffi_call_of(300, "all-gather", 0, "gpu_check.bad_shape")
     lonely = ffi_call_of(301, "all-reduce", 0, "gpu_check.lonely", (0, 1), device_ids=(0, 0))
     cases = {
-        "bad_shape": lambda: ffi_pair(x, bad_shape, wrong),
-        "lonely": lambda: ffi_pair(x, lonely),
+        "bad_shape": lambda: calls.collective(bad_shape, [x], [wrong]),
+        "lonely": lambda: calls.collective(lonely, [x]),
     }
     runtime.set_timeout(5.0)  # the lonely communicator gives up after this
     figures: dict[str, Any] = {}
@@ -1227,14 +1449,27 @@ def _run(command: list[str]) -> str:
     return done.stdout.strip() if done.returncode == 0 else ""
 
 
-def plan(out: Path, budget_s: float) -> list[str]:
-    """What a run does, in order, for --dry-run."""
-    me = f"python3 {Path(__file__).name} --child"
+def plan(out: Path, budget_s: float, emulated: bool) -> list[str]:
+    """What a run does, in order (shown by every run; a dry run does no more)."""
+    me = f"python3 {Path(__file__).name} FOLDER --child"
+    head = f"budget {budget_s:.0f} s; results in {out / 'gpu_check.json'}"
+    if emulated:
+        return [
+            head,
+            f"then:    {me} conformance --emulated (xsim-conformance on the stand-ins)",
+            f"         {me} ffi --parts {','.join(FFI_REHEARSED)} --emulated (kinds x "
+            f"{len(FFI_DTYPES)} types, errors; XLA:CPU device 0 on the emulated runtime)",
+        ]
+    tools = ",".join(tool for tool, _, _ in SANITIZERS.values())
     return [
-        f"budget {budget_s:.0f} s; results in {out / 'gpu_check.json'}",
+        head,
         f"at once: {me} build (python -m xla_streams.runtime.build --cuda)",
         f"         {me} native K=2 and K=4 (JAX_MOCK_GPU_TOPOLOGY={MOCK_TOPOLOGY}, "
         f"xla_streams.enable(K), {PROGRAM}, {SAME_KERNELS}, dumps, profile, then off)",
+        f"         {me} conformance (xsim-conformance against the CUDA runtime and NCCL; "
+        "two-device expectations with two GPUs)",
+        f"built:   compute-sanitizer --tool {{{tools}}} {me} ffi --parts kinds "
+        "(memcheck: --track-stream-ordered-races all, XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async)",
         f"then:    {me} ffi (kinds x {len(FFI_DTYPES)} types, events, "
         f"{', '.join(OVERHEAD_SIZES)}, errors) -> {FFI_TRACE_FILE}",
         f"         {me} calibrate ({PROGRAM}, one device, profile) -> {CALIBRATION_FILE}, "
@@ -1272,35 +1507,49 @@ def dry_run_calibration(out: Path, record: Record) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("out", type=Path, help="folder for gpu_check.json and the artefacts")
-    parser.add_argument("--dry-run", action="store_true", help="plan, and the GPU-free parts")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="plan, and the GPU-free parts")
+    mode.add_argument(
+        "--emulated", action="store_true",
+        help="the checks that have a rehearsal, on the emulated CUDA runtime (no GPU)",
+    )  # fmt: skip
     parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for the run")
     parser.add_argument("--steps", type=int, default=5, help="training steps per run")
-    parser.add_argument("--child", nargs=2, metavar=("KIND", "FOLDER"), help=argparse.SUPPRESS)
+    # A child writes into OUT, its folder.
+    parser.add_argument("--child", metavar="KIND", help=argparse.SUPPRESS)
     parser.add_argument("--streams", type=int, default=2, help=argparse.SUPPRESS)
     parser.add_argument("--program", default=PROGRAM, help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=60.0, help=argparse.SUPPRESS)
+    parser.add_argument("--parts", default=",".join(FFI_PARTS), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         return run_child(args)
     if args.budget < 60:
         parser.error("--budget must be at least 60 seconds")
-    if not args.dry_run and not gpu_present():
+    if not (args.dry_run or args.emulated) and not gpu_present():
         print(
             "gpu_check: no NVIDIA GPU here (neither /proc/driver/nvidia/gpus nor nvidia-smi "
             "lists one): nothing run. "
-            "Use --dry-run to see the plan and run the parts that need no GPU.",
+            "Use --dry-run to see the plan and run the parts that need no GPU, --emulated "
+            "to rehearse on the emulated CUDA runtime.",
             file=sys.stderr,
         )
         return 2
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     budget = Budget(args.budget)
-    for line in plan(out, args.budget):
+    for line in plan(out, args.budget, args.emulated):
         say(budget, line)
     found = versions()
-    records = run_dry(out) if args.dry_run else run_all(out, budget, found, args.steps)
+    if args.dry_run:
+        records = run_dry(out)
+    elif args.emulated:
+        records = run_emulated(out, budget)
+    else:
+        records = run_all(out, budget, found, args.steps)
     report = GpuCheckReport(
         dry_run=args.dry_run,
+        emulated=args.emulated,
         gpu=found.get("gpu"),
         versions=found,
         budget_s=args.budget,
@@ -1326,12 +1575,34 @@ def run_dry(out: Path) -> list[Record]:
     return records
 
 
+def run_emulated(out: Path, budget: Budget) -> list[Record]:
+    """The checks that have a rehearsal, on the emulated CUDA runtime; the rest are not run."""
+    work = out / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    records = {name: new_record(name) for name in PROVES}
+    for r in records.values():
+        r.figures = {"emulated": "not run: needs a GPU"}
+    conformance = start_child(
+        work, "conformance", "conformance", ["--emulated"], EMULATED_ENV, budget.grant(150, 60)
+    )
+    wait([conformance], budget)
+    run_check(records["conformance"], lambda r: check_conformance(r, conformance), out)
+    seconds = budget.grant(300, 0)
+    run_check(records["ffi"], lambda r: check_ffi(r, work, out, budget, seconds, True), out)
+    for name in ("conformance", "ffi"):
+        records[name].figures["emulated"] = "on the emulated CUDA runtime and NCCL: no GPU used"
+    shutil.rmtree(work, ignore_errors=True)
+    return list(records.values())
+
+
 def run_all(out: Path, budget: Budget, found: dict[str, Any], steps: int) -> list[Record]:
     work = out / "work"
     shutil.rmtree(work, ignore_errors=True)
     records = {name: new_record(name) for name in PROVES}
-    # Phase one, at once: the build (CPU) beside the native runs, which time nothing.
+    # Phase one, at once: the build (CPU) beside the native runs, the conformance
+    # program and, once the build is done, the sanitizers: none of them times anything.
     build = start_child(work, "build", "build", [], {}, budget.grant(150, 150))
+    conformance = start_child(work, "conformance", "conformance", [], {}, budget.grant(90, 150))
     # XLA's log of each async start it executes, with its stream (check_runtime_log).
     mock = {"JAX_MOCK_GPU_TOPOLOGY": MOCK_TOPOLOGY, "TF_CPP_MIN_LOG_LEVEL": "0",
             "TF_CPP_VMODULE": "async_thunk=1"}  # fmt: skip
@@ -1342,9 +1613,17 @@ def run_all(out: Path, budget: Budget, found: dict[str, Any], steps: int) -> lis
         )
         for k in (2, 4)
     }  # fmt: skip
-    wait([build, *native.values()], budget)
-    run_check(records["native"], lambda r: check_native(r, native), out)
+    wait([build], budget)
     run_check(records["build"], lambda r: check_build(r, build), out)
+    sanitizers = start_sanitizers(work, budget, records) if records["build"].passed else {}
+    wait([*native.values(), conformance, *sanitizers.values()], budget)
+    run_check(records["native"], lambda r: check_native(r, native), out)
+    run_check(records["conformance"], lambda r: check_conformance(r, conformance), out)
+    for name in SANITIZERS:
+        if name in sanitizers:
+            run_check(records[name], lambda r: check_sanitizer(r, sanitizers[r.name]), out)
+        elif not records["build"].passed:
+            records[name].error = "not run: the build failed"
     # Phase two, one at a time: these time things.
     if records["build"].passed:
         run_check(
@@ -1365,11 +1644,12 @@ def run_all(out: Path, budget: Budget, found: dict[str, Any], steps: int) -> lis
 
 
 def run_child(args: argparse.Namespace) -> int:
-    kind, folder = args.child[0], Path(args.child[1])
+    kind, folder = args.child, args.out
     children: dict[str, Callable[[], None]] = {
         "build": lambda: child_build(folder),
         "native": lambda: child_native(folder, args.streams, args.steps),
-        "ffi": lambda: child_ffi(folder),
+        "conformance": lambda: child_conformance(folder, args.emulated),
+        "ffi": lambda: child_ffi(folder, tuple(args.parts.split(",")), args.emulated),
         "calibrate": lambda: child_calibrate(folder, args.program, args.steps),
         "overhead": lambda: child_overhead(folder, args.program, args.seconds),
     }

@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO))
 
 import xla_streams  # noqa: E402
 from xla_streams import programs  # noqa: E402
+from xla_streams.tuning.result import TuneError  # noqa: E402
 
 GRID_LEVERS = (
     "overlap-limit",
@@ -150,4 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except TuneError as e:  # no GPU compiler here, or the program failed: say which
+        sys.exit(f"{Path(__file__).name}: {e}")

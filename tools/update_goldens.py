@@ -22,9 +22,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from xla_streams import cli
-
 REPO = Path(__file__).resolve().parent.parent
+# Use this checkout's xla_streams even if another copy is installed.
+sys.path.insert(0, str(REPO))
+
+from xla_streams import cli  # noqa: E402
+
 FIXTURES = REPO / "hlo_fixtures"
 REPORTS = FIXTURES / "reports"
 # The options the goldens are made with; the test imports them from here.

@@ -38,16 +38,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from xla_streams.simulate.matmul import DEFAULT_MATMUL_TABLE_PATH, parse_matmul_table
-from xla_streams.simulate.measured import (
+REPO = Path(__file__).resolve().parent.parent
+# Use this checkout's xla_streams even if another copy is installed.
+sys.path.insert(0, str(REPO))
+
+from xla_streams.simulate.matmul import DEFAULT_MATMUL_TABLE_PATH, parse_matmul_table  # noqa: E402
+from xla_streams.simulate.measured import (  # noqa: E402
     DEFAULT_TABLE_PATH,
     PERF_TABLE_ENUMS,
     PERF_TABLE_SCHEMA,
     PerfTableError,
     parse_perf_table,
 )
-from xla_streams.simulate.targets import TARGETS
-from xla_streams.simulate.textproto import (
+from xla_streams.simulate.targets import TARGETS  # noqa: E402
+from xla_streams.simulate.textproto import (  # noqa: E402
     Message,
     ProtoError,
     decode_wire,

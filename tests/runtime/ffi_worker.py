@@ -40,7 +40,7 @@ from xla_streams import runtime
 from xla_streams.pipeline import build_pipeline
 from xla_streams.plugin import hook
 from xla_streams.plugin.xla_module import module_text, to_proto
-from xla_streams.runtime import abi
+from xla_streams.runtime import abi, calls
 
 STATE: dict[str, Any] = {"ffi": False, "rewrite": None, "lowered": 0, "modules": []}
 STREAMS = 4
@@ -425,18 +425,8 @@ def runtime_collective(
         num_partitions=8,
     )
     call = dataclasses.replace(call, **overrides)
-    types = [jax.ShapeDtypeStruct(shape, xs[0].dtype) for shape in out_shapes]
-    results = {i: i for i in range(len(out_shapes))}
-    started = jax.ffi.ffi_call(
-        abi.START_TARGET,
-        types,
-        has_side_effect=True,
-        input_output_aliases=results if alias_operands else None,
-    )(*xs, zero, ids, **runtime.ffi_attributes(call.start_attributes()))
-    done = jax.ffi.ffi_call(
-        abi.DONE_TARGET, types, has_side_effect=True, input_output_aliases=results
-    )
-    return done(*started, *xs, **runtime.ffi_attributes(call.done_attributes()))
+    results = [jax.ShapeDtypeStruct(shape, xs[0].dtype) for shape in out_shapes]
+    return calls.collective(call, xs, results, ids=(zero, ids), alias_operands=alias_operands)
 
 
 def timeout() -> dict[str, Any]:

@@ -44,19 +44,25 @@ def test_dry_run_plans_and_runs_what_needs_no_gpu(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert time.monotonic() - begin < 20
-    for step in ("build", "native K=2 and K=4", "ffi", "calibrate", "overhead"):
-        assert step in result.stdout
+    for step in ("build", "native K=2 and K=4", "conformance", "ffi", "calibrate", "overhead"):
+        assert f"--child {step}" in result.stdout
+    assert "compute-sanitizer --tool {racecheck,synccheck,memcheck}" in result.stdout
     report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     assert report["schema"] == "xla_streams.gpu_check.v1" and report["dry_run"] is True
+    assert report["emulated"] is False
     assert list(report) == ["schema"] + [f.name for f in dataclasses.fields(check.GpuCheckReport)]
     assert "python" in report["versions"] and "jax" in report["versions"]
     checks = {c["name"]: c for c in report["checks"]}
-    assert list(checks) == ["build", "native", "ffi", "calibration", "plugin_overhead"]
+    assert list(checks) == [
+        "build", "conformance", "native", "ffi",
+        "sanitizer_racecheck", "sanitizer_synccheck", "sanitizer_memcheck",
+        "calibration", "plugin_overhead",
+    ]  # fmt: skip
     for record in checks.values():
         assert list(record) == [f.name for f in dataclasses.fields(check.Record)]
         assert record["proves"] and record["does_not_prove"]
     # The GPU checks did not run; the calibration path ran end to end on a fixture.
-    assert {checks[n]["passed"] for n in ("build", "native", "ffi", "plugin_overhead")} == {None}
+    assert {c["passed"] for n, c in checks.items() if n != "calibration"} == {None}
     calibration = checks["calibration"]
     assert calibration["passed"] is True, calibration
     assert calibration["figures"]["ratios"] == check.DRY_RUN_RATIOS
@@ -103,6 +109,48 @@ def test_ffi_calls_are_the_abis() -> None:
     )
     lonely = check.ffi_call_of(4, "collective-permute", 0, device_ids=(0, 0))
     assert lonely.groups == (0, 0) and lonely.start_attributes()["device_ids"] == (0, 0)
+
+
+def test_sanitizer_options_this_compute_sanitizer_does_not_know_are_left_out(
+    tmp_path: Path,
+) -> None:
+    tool, options, _ = check.SANITIZERS["sanitizer_memcheck"]
+    known = "--tool\n--track-stream-ordered-races {all|use-before-alloc|...}\n--log-file"
+    prefix, left_out = check.sanitizer_prefix("cs", tool, options, tmp_path, known)
+    assert prefix[:3] == ("cs", "--tool", "memcheck")
+    assert prefix[-2:] == ("--track-stream-ordered-races", "all") and left_out == []
+    assert "--error-exitcode" in prefix and str(tmp_path / "sanitizer.%p.txt") in prefix
+    prefix, left_out = check.sanitizer_prefix("cs", tool, options, tmp_path, "--tool")
+    assert "--track-stream-ordered-races" not in prefix
+    assert left_out == ["--track-stream-ordered-races"]
+
+
+def test_a_sanitizer_report_fails_its_check(tmp_path: Path) -> None:
+    """compute-sanitizer exits with --error-exitcode when its tool reported an error: the
+    check fails with the report, even though the program under it ran to the end."""
+    passed = {"kinds": {"passed": True, "cases": {}}}
+
+    def judged(exit_status: int, report: str) -> Any:
+        folder = tmp_path / f"exit{exit_status}"
+        folder.mkdir()
+        (folder / "result.json").write_text(json.dumps(passed))
+        (folder / "log.txt").write_text("")
+        (folder / "sanitizer.123.txt").write_text(report)
+        process = subprocess.Popen(["sh", "-c", f"exit {exit_status}"])
+        process.wait()
+        child = check.Child("sanitizer", process, folder / "log.txt", folder / "result.json", 0)
+        record = check.new_record("sanitizer_racecheck")
+        check.check_sanitizer(record, child)
+        return record
+
+    clean = judged(0, "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n")
+    assert clean.passed is True and clean.error is None
+    assert clean.figures["summary"] == [
+        "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
+    ]
+    hazard = "========= Error: Race reported between Write access at foo\n"
+    found = judged(check.SANITIZER_FOUND, hazard + "========= RACECHECK SUMMARY: 1 hazard\n")
+    assert found.passed is False and "Race reported between Write access" in found.error
 
 
 def test_without_a_gpu_nothing_runs(

@@ -18,10 +18,14 @@ they model and what they cannot see.
     built.replay(script)              # xsim-replay: a lowered program on N devices
     checks = emulator.load(built)     # this process: the stand-ins, then the backend
     checks.reports()
+    emulator.conformance(built.conformance)  # the stand-ins' rules, checked against themselves
 
 Also what the two harnesses use: ``xsim-replay`` (``csrc/replay.cc``, driven by
 :mod:`xla_streams.runtime.emulator.replay`) and the forwarding handler that lets
-XLA:CPU call the backend (``csrc/forward.cc``).
+XLA:CPU call the backend (``csrc/forward.cc``). And ``xsim-conformance``
+(``csrc/conformance.cc``): rules the stand-ins model, as expectations that run
+against the stand-ins here and, built by :func:`build_conformance`, against the
+real CUDA runtime and NCCL on a GPU (``tools/gpu_check.py``).
 """
 
 from __future__ import annotations
@@ -77,6 +81,11 @@ class Built:
         no two threads call NCCL on one communicator unlocked; xsim-replay links it."""
         return self.directory / LOCKS
 
+    @property
+    def conformance(self) -> Path:
+        """``xsim-conformance`` linked against the stand-ins."""
+        return self.directory / "xsim-conformance"
+
     def replay(
         self, script: Path, backend: Path, env: dict[str, str] | None = None, timeout: float = 300
     ) -> dict[str, Any]:
@@ -120,22 +129,24 @@ class Built:
         return results
 
 
-def _cudart_soname() -> str:
+def _cuda() -> runtime_build.CudaPaths:
     cuda = runtime_build.find_cuda()
     if cuda is None:
         raise BuildError(
             "xla_streams: the emulator compiles against the real CUDA runtime and NCCL headers, "
             "which were not found (pip install 'jax[cuda12]' or 'jax[cuda13]')"
         )
-    name = cuda.cudart.name  # libcudart.so.12, or libcudart.so when unversioned
+    return cuda
+
+
+def _cudart_soname() -> str:
+    name = _cuda().cudart.name  # libcudart.so.12, or libcudart.so when unversioned
     return name if name.count(".") >= 2 else "libcudart.so.12"
 
 
 def _commands(out: Path, soname: str) -> list[list[str]]:
     """The compiler calls, in order (each may use the outputs of those before)."""
-    cuda = runtime_build.find_cuda()
-    assert cuda is not None
-    cuda_headers = [arg for d in cuda.include_dirs for arg in ("-isystem", str(d))]
+    cuda_headers = [arg for d in _cuda().include_dirs for arg in ("-isystem", str(d))]
     ffi_headers = ["-isystem", str(runtime_build.ffi_include_dir())]
     version = soname.rsplit(".", 1)[-1]
     stand_ins = [f"-L{out}", "-Wl,--no-as-needed", f"-l:{soname}", f"-l:{NCCL_SONAME}"]
@@ -168,7 +179,60 @@ def _commands(out: Path, soname: str) -> list[list[str]]:
         # libxsim_locks first: its pthread functions must come before libc's.
         compile(["replay.cc"], "xsim-replay", *ffi_headers, f"-L{out}", f"-l:{LOCKS}", *stand_ins),
         compile(["forward.cc"], FORWARD, "-shared", *ffi_headers, *cuda_headers, *stand_ins),
+        _conformance_command(out / "xsim-conformance", [*stand_ins, "-Wl,-rpath,$ORIGIN"]),
     ]
+
+
+def _conformance_command(output: Path, link: list[str]) -> list[str]:
+    """``xsim-conformance``, compiled against the real headers, linked with ``link``
+    (the stand-ins, or the real libraries)."""
+    includes = [arg for d in _cuda().include_dirs for arg in ("-isystem", str(d))]
+    source = str(SOURCES / "conformance.cc")
+    return [runtime_build.compiler(), *FLAGS, *includes, source, "-Wl,--no-as-needed", *link,
+            "-ldl", "-o", str(output)]  # fmt: skip
+
+
+def build_conformance(directory: Path) -> Path:
+    """``xsim-conformance`` linked against the real CUDA runtime and NCCL
+    (:func:`~xla_streams.runtime.build.find_cuda`), written into ``directory``: on a
+    machine with a GPU, the stand-ins' rules checked against what they stand in for.
+    BuildError if the headers and libraries are missing or the compiler fails."""
+    cuda = _cuda()
+    paths = [arg for d in cuda.library_dirs for arg in (f"-L{d}", f"-Wl,-rpath,{d}")]
+    link = [*paths, f"-l:{cuda.cudart.name}", f"-l:{cuda.nccl.name}"]
+    program = directory / "xsim-conformance"
+    command = _conformance_command(program, link)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        raise BuildError(
+            f"xla_streams: building xsim-conformance failed (exit {result.returncode}):\n"
+            f"  {' '.join(command)}\n{result.stderr[-4000:]}"
+        )
+    return program
+
+
+def conformance(
+    program: Path, timeout: float = 120, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Runs ``xsim-conformance`` (:attr:`Built.conformance` or :func:`build_conformance`);
+    its JSON result: ``devices`` and ``checks``, each ``{name, passed, detail, cites}``
+    (``passed`` None: skipped). RuntimeError if it prints no result (a crash, a hang
+    past ``timeout``)."""
+    try:
+        result = subprocess.run(
+            [str(program)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+        )
+    except subprocess.TimeoutExpired as e:
+        raise RuntimeError(f"{program} did not finish in {timeout:g} s") from e
+    lines = result.stdout.strip().splitlines()
+    if result.returncode not in (0, 1) or not lines:
+        raise RuntimeError(f"{program} failed (exit {result.returncode}):\n{result.stderr[-4000:]}")
+    parsed: dict[str, Any] = json.loads(lines[-1])
+    return parsed
 
 
 def _digest(soname: str) -> str:
@@ -299,4 +363,12 @@ def real_libraries_mapped() -> list[str]:
     return sorted(found)
 
 
-__all__ = ["Built", "Checks", "build", "load", "real_libraries_mapped"]
+__all__ = [
+    "Built",
+    "Checks",
+    "build",
+    "build_conformance",
+    "conformance",
+    "load",
+    "real_libraries_mapped",
+]
