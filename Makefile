@@ -15,7 +15,7 @@ COMPAT_VENV := .venv-jax$(COMPAT_JAX)
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
 COMPAT_TESTS := unmodified_script or ffi_mode_from or bad_values_stop or strict_mode_from
 
-.PHONY: demo test typecheck compat gpu-check-bare chromium bazel-test ray-test python
+.PHONY: demo test typecheck compat gpu-check-bare cuda-emulated chromium bazel-test ray-test python
 demo: $(STAMP)
 	$(VENV)/bin/xla-streams demo
 
@@ -24,8 +24,19 @@ test: $(STAMP) chromium compat bazel-test
 	$(VENV)/bin/ruff format --check .
 	$(MAKE) --no-print-directory typecheck
 	$(VENV)/bin/python tools/gpu_check.py --dry-run $(VENV)/gpu_check_dry_run
+	$(MAKE) --no-print-directory gpu-check-bare
+	$(MAKE) --no-print-directory cuda-emulated
 	$(MAKE) --no-print-directory ray-test
-	$(VENV)/bin/python -m pytest -q --ignore=$(RAY_TEST)  # last: its closing line counts the suite
+	$(VENV)/bin/python -m pytest -q --ignore=$(RAY_TEST) --ignore=$(EMULATED)  # last: its closing line counts the suite
+
+# The CUDA backend, unchanged, on the emulated CUDA runtime and NCCL
+# (xla_streams/runtime/emulator/): builds the stand-ins and the backend, replays every
+# fixture through it (the 32-device one as 4 processes), runs real JAX programs on it
+# through XLA:CPU (a 2-process job too), the conformance program, the deadlock
+# experiments and the mutation suite.
+EMULATED := tests/runtime/emulated
+cuda-emulated: $(STAMP)
+	$(VENV)/bin/python -m pytest -q $(EMULATED)
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

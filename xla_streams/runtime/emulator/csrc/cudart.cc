@@ -170,16 +170,6 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   return cudaSuccess;
 }
 
-// cudaEventSynchronize: the host waits for the captured work.
-cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  Model& model = Model::Get();
-  std::unique_lock<std::mutex> lock(model.mu());
-  if (!model.IsEvent(event)) return Misuse(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: not an event");
-  if (Sticky().count(event->device)) return cudaErrorLaunchFailure;
-  model.HostWaitRecord(lock, event->last);
-  return Sticky().count(event->device) ? cudaErrorLaunchFailure : cudaSuccess;
-}
-
 // cudaEventElapsedTime: both events recorded, complete, on one device and with
 // timing; else cudaErrorInvalidResourceHandle (not recorded, timing disabled) or
 // cudaErrorNotReady (not complete). Times are the model's virtual ones.

@@ -203,11 +203,6 @@ double Model::RecordTime(const std::shared_ptr<Record>& r) const {
 
 void Model::HostJoin(const Clock& c) { host_clocks_[HostActor()].Join(c); }
 
-void Model::HostWaitRecord(std::unique_lock<std::mutex>& lock, const std::shared_ptr<Record>& r) {
-  changed_.wait(lock, [&] { return RecordDone(r); });
-  if (r != nullptr) HostJoin(r->clock);
-}
-
 bool Model::HostWaitStream(std::unique_lock<std::mutex>& lock, Stream* s, int64_t timeout_ms) {
   OpPtr last = s->pending.empty() ? nullptr : s->pending.back();
   Clock clock = s->clock;

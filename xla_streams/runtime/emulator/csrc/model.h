@@ -163,8 +163,7 @@ class Model {
   void WaitEvent(Stream* s, Event* e);
   // A host access (the harness's reads and writes of device memory).
   void HostAccess(const Access& a, const std::string& what);
-  // The host waits for a record or a stream (takes and releases the lock).
-  void HostWaitRecord(std::unique_lock<std::mutex>& lock, const std::shared_ptr<Record>& r);
+  // The host waits for a stream (takes and releases the lock).
   // False if `timeout_ms` (>= 0) passed first.
   bool HostWaitStream(std::unique_lock<std::mutex>& lock, Stream* s, int64_t timeout_ms = -1);
   bool RecordDone(const std::shared_ptr<Record>& r) const;
