@@ -19,9 +19,11 @@ REPO = Path(__file__).resolve().parents[1]
 # is a part of the package (a subpackage or a top-level module) or, where one module
 # of a part sits elsewhere than the rest, that module.
 LAYERS: list[set[str]] = [
-    {"_io", "_json", "_log", "_text", "_wire", "xla_options", "jax_compat"},  # nothing of ours
+    # nothing of ours; option: how every option is declared and read
+    {"_io", "_json", "_log", "_text", "_wire", "xla_options", "jax_compat", "option"},
     {"hlo"},  # the IR
-    {"collectives", "runtime.abi"},  # what a collective is; what the ffi runtime runs
+    # what a collective is; what the ffi runtime runs; every environment variable we read
+    {"collectives", "runtime.abi", "environment"},
     {"streams"},  # the analyses: pairs, the deadlock rule, the assignment, verification
     {"simulate", "runtime", "aot", "programs"},  # the simulator calls the analyses
     {"tuning"},  # JAX-free but for the compiles of its candidates

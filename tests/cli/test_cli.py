@@ -102,10 +102,10 @@ def test_no_command_is_a_usage_error() -> None:
         ),
         (
             "assign",
-            ["--streams=N", "--policy=interval|round-robin", "--json=", "--output=", "quiet"],
+            ["--streams=K", "--policy=interval|round-robin", "--json=", "--output=", "quiet"],
             ["--pipeline", "time-passes"],
         ),
-        ("report", ["--streams=N", "--policy=", "--json="], ["--output", "--pipeline", "quiet"]),
+        ("report", ["--streams=K", "--policy=", "--json="], ["--output", "--pipeline", "quiet"]),
     ],
 )
 def test_command_help_lists_only_its_own_flags(

@@ -13,9 +13,11 @@ Every command has its own table of flags (``cli/flags.py``), so ``xla-streams CM
     "simulate": Command("One line for `xla-streams --help`.", "IN.hlo [--streams=N]",
                         _simulate, flags=_assignment_flags),
 
-``flags`` gives the command's flags: reuse ``_assignment_flags`` (--streams,
---policy, --json) or write a small function that adds to its list
-(``flags.integer(...)``, ``flags.string(...)``...). Raise ``UsageError``
+``flags`` gives the command's flags, each an :class:`~xla_streams.option.Option`
+(read under its name: ``args.flag("time_passes")`` for ``--time-passes``): reuse
+``_assignment_flags`` (--streams, --policy, --json) or write a small function that
+adds to its list; ``shown`` names those its usage line shows, with their defaults.
+Raise ``UsageError``
 or ``InputError`` for user errors; HloError, PipelineError and
 VerificationError are mapped to exit codes here.
 
@@ -42,25 +44,19 @@ import os
 import stat
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, TextIO
 
-from xla_streams import __version__
+from xla_streams import __version__, option
 from xla_streams._io import atomic_write_many
 from xla_streams._text import aligned
 from xla_streams.cli import flags
-from xla_streams.cli.flags import Flag, FlagError
+from xla_streams.cli.flags import FlagError
 from xla_streams.cli.stream_model_flags import stream_model, stream_model_flags
-from xla_streams.collectives import (
-    DEFAULT_POLICY,
-    DEFAULT_STREAMS,
-    MAX_STREAMS,
-    POLICIES,
-    STREAM_COUNTS,
-    streams_from_text,
-)
+from xla_streams.collectives import STREAM_COUNTS
 from xla_streams.hlo import HloError, Module, parse_module
+from xla_streams.option import Option, options_of, suggestion
 from xla_streams.passes.base import Compilation, ModulePass, PipelineError
 from xla_streams.pipeline import PASSES, PassManager, build_pipeline, pass_class
 from xla_streams.streams import VerificationError
@@ -146,9 +142,10 @@ _HLO_INPUT = (("IN.hlo", "Scheduled HLO module text to read; '-' reads standard 
 @dataclass(frozen=True)
 class Command:
     summary: str  # one line for `xla-streams --help`
-    usage: str  # the arguments after `xla-streams CMD`
+    usage: str  # the arguments after `xla-streams CMD`, and the flags it needs
     run: Callable[[Args], int]
-    flags: Callable[[], list[Flag]] = list
+    flags: Callable[[], Sequence[Option[Any]]] = tuple
+    shown: tuple[str, ...] = ()  # flags the usage line shows, with their defaults
     description: str = ""  # more for `xla-streams CMD --help`
     arguments: tuple[tuple[str, str], ...] = _HLO_INPUT
     # Reads HLO text and ends (no JAX): it runs without the cyclic garbage collector,
@@ -158,61 +155,47 @@ class Command:
 
 # -- flags shared by commands --------------------------------------------------------
 
-
-def _streams_flags() -> list[Flag]:
-    return [
-        flags.integer(
-            "streams", DEFAULT_STREAMS,
-            f"Number of collective streams K to spread the collectives over (1..{MAX_STREAMS}).",
-            read=streams_from_text,
-        ),
-        flags.enum(
-            "policy", DEFAULT_POLICY, POLICIES,
-            "How to pick a stream: 'interval' takes the lowest stream free when the "
-            "collective starts; 'round-robin' takes the next stream in turn.",
-        ),
-    ]  # fmt: skip
+# An output file; None: not written.
+_FILE = option.optional(option.path(metavar="FILE"), takes="a path")
 
 
-def _assignment_flags() -> list[Flag]:
+def _streams_flags() -> list[Option[Any]]:
+    """--streams and --policy: the options of the assign-streams pass."""
+    declared = options_of(pass_class("assign-streams"))
+    return [declared["streams"], declared["policy"]]
+
+
+def _assignment_flags() -> list[Option[Any]]:
     return [
         *_streams_flags(),
-        flags.string(
-            "json", None, "Also write the assignment as JSON (schema xla_streams.assignment.v2) "
-            "to this file ('-': standard output).", metavar="FILE",
-        ),
+        Option("json", None, "Also write the assignment as JSON (schema "
+               "xla_streams.assignment.v2) to this file ('-': standard output).", _FILE),
         *stream_model_flags(),
     ]  # fmt: skip
 
 
-def _opt_flags() -> list[Flag]:
+def _opt_flags() -> list[Option[Any]]:
     return [
-        flags.string(
-            "pipeline", None,
+        Option("pipeline", None,
             "Passes to run, comma separated, options in braces: "
             "'find-async-pairs,assign-streams{streams=4,policy=interval}'. "
             "'' only parses and prints the module.",
-            short="p", metavar="SPEC",
-        ),
-        flags.string(
-            "output", STDIO, "Where to write the module ('-': standard output).",
-            short="o", metavar="FILE",
-        ),
-        flags.boolean("time-passes", False, "Print how long each pass took to standard error."),
-        flags.boolean(
-            "print-after-all", False, "Print the module after every pass to standard error."
-        ),
+            option.optional(option.text(metavar="SPEC"), takes="a pipeline spec"), short="p"),
+        Option("output", STDIO, "Where to write the module ('-': standard output).",
+               option.path(metavar="FILE"), short="o"),
+        Option("time_passes", False, "Print how long each pass took to standard error.",
+               option.boolean()),
+        Option("print_after_all", False, "Print the module after every pass to standard error.",
+               option.boolean()),
     ]  # fmt: skip
 
 
-def _assign_flags() -> list[Flag]:
+def _assign_flags() -> list[Option[Any]]:
     return [
         *_assignment_flags(),
-        flags.string(
-            "output", None, "Write the annotated module to this file ('-': standard output).",
-            short="o", metavar="FILE",
-        ),
-        flags.boolean("quiet", False, "Do not print the table.", short="q"),
+        Option("output", None, "Write the annotated module to this file ('-': standard output).",
+               _FILE, short="o"),
+        Option("quiet", False, "Do not print the table.", option.boolean(), short="q"),
     ]  # fmt: skip
 
 
@@ -225,7 +208,7 @@ def _opt(args: Args) -> int:
         raise UsageError("missing --pipeline (-p); use -p '' to only parse and print")
     path, text = args.input()
     manager = PassManager.from_spec(pipeline)
-    if args.flag("print-after-all"):
+    if args.flag("print_after_all"):
 
         def dump(p: ModulePass, module: Module) -> None:
             args.stderr.write(f"// -----// IR after {p.spec()} //----- //\n{module.print()}\n")
@@ -233,7 +216,7 @@ def _opt(args: Args) -> int:
         manager.print_after_all = dump
     module = parse_module(text, path)
     manager.run(Compilation(module))
-    if args.flag("time-passes"):
+    if args.flag("time_passes"):
         args.stderr.write(_timings(manager))
     args.output(args.flag("output"), module.print())
     return EXIT_OK
@@ -251,28 +234,22 @@ def _report(args: Args) -> int:
     return EXIT_OK
 
 
-def _demo_flags() -> list[Flag]:
+def _demo_flags() -> list[Option[Any]]:
     from xla_streams.aot import GPU_CONFIGS
     from xla_streams.programs import DEFAULT_PROGRAM, PROGRAMS
 
     return [
         *_streams_flags(),
-        flags.enum(
-            "program", DEFAULT_PROGRAM, sorted(PROGRAMS), "The embedded program to compile."
-        ),
-        flags.string(
-            "report-dir", None,
-            "Where the reports go (default: a new temporary folder, printed at the end).",
-            metavar="DIR",
-        ),
-        flags.enum(
-            "mode", "auto", ["auto", "gpu", "aot"],
-            "gpu: compile for this machine's GPUs; aot: compile without a GPU; auto: gpu when "
-            "there are enough GPUs, else aot.",
-        ),
-        flags.enum(
-            "target", "h100", sorted(GPU_CONFIGS), "The GPU to compile for without one (aot)."
-        ),
+        Option("program", DEFAULT_PROGRAM, "The embedded program to compile.",
+               option.choice(sorted(PROGRAMS), metavar="NAME")),
+        Option("report_dir", None,
+               "Where the reports go (default: a new temporary folder, printed at the end).",
+               option.optional(option.path(metavar="DIR"), takes="a path")),
+        Option("mode", "auto",
+               "gpu: compile for this machine's GPUs; aot: compile without a GPU; auto: gpu when "
+               "there are enough GPUs, else aot.", option.choice(("auto", "gpu", "aot"))),
+        Option("target", "h100", "The GPU to compile for without one (aot).",
+               option.choice(sorted(GPU_CONFIGS))),
     ]  # fmt: skip
 
 
@@ -286,7 +263,7 @@ def _demo(args: Args) -> int:
             args.flag("program"),
             args.flag("streams"),
             args.flag("policy"),
-            report_dir=args.flag("report-dir"),
+            report_dir=args.flag("report_dir"),
             mode=args.flag("mode"),
             target=args.flag("target"),
             out=args.stdout,
@@ -296,10 +273,10 @@ def _demo(args: Args) -> int:
     return EXIT_OK
 
 
-def _simulate_flags() -> list[Flag]:
-    from xla_streams.cli.simulate import command_flags
+def _simulate_flags() -> Sequence[Option[Any]]:
+    from xla_streams.cli.simulate import FLAGS
 
-    return command_flags()
+    return FLAGS
 
 
 def _simulate(args: Args) -> int:
@@ -308,10 +285,10 @@ def _simulate(args: Args) -> int:
     return run_cli(args)
 
 
-def _tune_flags() -> list[Flag]:
-    from xla_streams.cli.tune import command_flags
+def _tune_flags() -> Sequence[Option[Any]]:
+    from xla_streams.cli.tune import FLAGS
 
-    return command_flags()
+    return FLAGS
 
 
 def _tune(args: Args) -> int:
@@ -333,24 +310,26 @@ def _tune(args: Args) -> int:
     return EXIT_OK
 
 
-_ASSIGNMENT_DEFAULTS = f"[--streams={DEFAULT_STREAMS}] [--policy={DEFAULT_POLICY}]"
 _COUNTS = ", ".join(map(str, STREAM_COUNTS))
+_ASSIGNMENT = ("streams", "policy")
 
 COMMANDS: dict[str, Command] = {
     "opt": Command(
         "Run a pipeline of passes over an HLO module and print the result.",
-        "IN.hlo -p PIPELINE [-o OUT.hlo] [--time-passes] [--print-after-all]",
+        "IN.hlo -p SPEC",
         _opt,
         _opt_flags,
+        ("output", "time_passes", "print_after_all"),
         "Reads scheduled HLO text (as from `jax.jit(f).lower(...).compile().as_text()` or an "
         "XLA dump), runs the passes of PIPELINE in order and prints the module. Instructions "
         "no pass changed print back byte for byte.",
     ),
     "assign": Command(
         "Give every async collective one of K streams and write the annotated module.",
-        f"IN.hlo {_ASSIGNMENT_DEFAULTS} [--output=OUT.hlo] [--json=OUT.json] [--quiet]",
+        "IN.hlo",
         _assign,
         _assign_flags,
+        (*_ASSIGNMENT, "output", "json", "quiet"),
         "Finds every async collective start/done pair, assigns each a collective stream, "
         "checks the assignment (no two collectives that could deadlock on different "
         "streams) and writes the module with _xla_stream_annotation on every start and "
@@ -359,19 +338,20 @@ COMMANDS: dict[str, Command] = {
     ),
     "report": Command(
         "Show which stream each async collective would get; the module is not changed.",
-        f"IN.hlo {_ASSIGNMENT_DEFAULTS} [--json=OUT.json]",
+        "IN.hlo",
         _report,
         _assignment_flags,
+        (*_ASSIGNMENT, "json"),
         "Prints the table that `assign` prints, without writing a module: every async "
         "collective, where it sits in the schedule, its devices and size, its stream, "
         "then a summary.",
     ),
     "simulate": Command(
         f"Predict the step time with K = {_COUNTS} streams under each policy; draw the timelines.",
-        f"IN.hlo [--streams={','.join(map(str, STREAM_COUNTS))}] [--policy={','.join(POLICIES)}] "
-        "[--trace=OUT.json] [--html=OUT.html] [--target=h100] [--target-file=T.json]",
+        "IN.hlo",
         _simulate,
         _simulate_flags,
+        ("streams", "policy", "trace", "html", "target", "target_file"),
         "Replays the schedule on a cost model of the target GPU (xla_streams/simulate/) for "
         "each number of streams and policy, with the real stream assignment, and prints the "
         "predicted step time, exposed communication and speedup, against a lower bound. "
@@ -379,10 +359,10 @@ COMMANDS: dict[str, Command] = {
     ),
     "tune": Command(
         "Find the XLA overlap options and stream count that make a JAX program fastest (JAX).",
-        "PROGRAM.py[:BUILDER] | DUMP_DIR_OR_FILE | --program=NAME  --devices=N "
-        "[--devices-per-host=8] [--target=h100] [--json=OUT.json] [--budget-s=300] [--jobs=N]",
+        "PROGRAM.py[:BUILDER] | DUMP_DIR_OR_FILE | --program=NAME",
         _tune,
         _tune_flags,
+        ("devices", "devices_per_host", "target", "json", "budget_compiles", "jobs"),
         "Compiles the program without a GPU under candidate settings of XLA's overlap "
         "levers (overlap limit, loop pipelining, double buffering, early starts, XLA's "
         "multi-streaming, the NVLink domain and its overlap limit, combine thresholds, "
@@ -405,10 +385,10 @@ COMMANDS: dict[str, Command] = {
     ),
     "demo": Command(
         "Compile the demo transformer step and show its collectives spread over streams (JAX).",
-        f"[--program=transformer_step] [--streams={DEFAULT_STREAMS}] [--mode=auto] "
-        "[--report-dir=DIR]",
+        "",
         _demo,
         _demo_flags,
+        ("program", "streams", "mode", "report_dir"),
         "Compiles an embedded sharded JAX program with the plugin on (for this machine's "
         "GPUs when it has enough, else for 8 H100s without a GPU), and prints the "
         "assignment the plugin made inside XLA's compile, with its report files.",
@@ -475,7 +455,9 @@ def main(
         return EXIT_OK
     command = COMMANDS.get(name)
     if command is None:
-        stderr.write(f"{PROG}: error: unknown command '{name}'\n\n{_main_help()}")
+        stderr.write(
+            f"{PROG}: error: unknown command '{name}'{suggestion(name, COMMANDS)}\n\n{_main_help()}"
+        )
         return EXIT_USAGE
     prog = f"{PROG} {name}"
     table = command.flags()
@@ -620,8 +602,28 @@ _WIDTH = 88
 _INDENT = " " * 6
 
 
-def _command_help(name: str, command: Command, table: list[Flag]) -> str:
-    out = [f"usage: {PROG} {name} {command.usage}", "", command.summary]
+def _usage(name: str, command: Command, table: Sequence[Option[Any]]) -> str:
+    """``usage: xla-streams CMD ARGS [--flag=DEFAULT]...``: the flags ``shown`` with their
+    defaults as a user types them."""
+    by_name = {o.name: o for o in table}
+    shown = []
+    for flag in (by_name[n] for n in command.shown):
+        if flag.reader.switch:
+            shown.append(f"[--{flag.flag_name}]")
+        else:
+            shown.append(f"[{flag.usage(flag.default)}]")
+    start = f"usage: {PROG} {name}"
+    return textwrap.fill(
+        " ".join(filter(None, [start, command.usage, *shown])),
+        _WIDTH,
+        subsequent_indent=" " * (len(start) + 1),
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+
+
+def _command_help(name: str, command: Command, table: Sequence[Option[Any]]) -> str:
+    out = [_usage(name, command, table), "", command.summary]
     if command.description:
         out += ["", textwrap.fill(command.description, _WIDTH)]
     if command.arguments:
@@ -633,15 +635,8 @@ def _command_help(name: str, command: Command, table: list[Flag]) -> str:
     if table:
         out += ["", "flags:"]
         for f in table:
-            text = f.help
-            if f.boolean:
-                spelled = f"--[no]{f.name}"
-            else:
-                spelled = f"--{f.name}={f.metavar}"
-                if f.default is not None:
-                    text += f" Default: {f.default!s}."
             short = f"-{f.short}, " if f.short else ""
-            out += [f"  {short}{spelled}", _wrap(text)]
+            out += [f"  {short}{f.usage()}", _wrap(f.help_line())]
     return "\n".join(out) + "\n"
 
 
