@@ -46,7 +46,7 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("xla_streams.cli", "xla_streams.cli.demo"): "start-up: JAX, for the demo only",
     ("xla_streams.cli", "xla_streams.cli.simulate"): "start-up: the simulator, for simulate",
     ("xla_streams.cli", "xla_streams.cli.tune"): "start-up: the tuner, for tune",
-    ("xla_streams.cli", "xla_streams.report"): "start-up: opt writes no report (10 ms)",
+    ("xla_streams.cli.opt", "xla_streams.report"): "start-up: opt writes no report (10 ms)",
     ("xla_streams.plugin.hook", "xla_streams.report"): "reports: with a report directory only",
     ("xla_streams.plugin.hook", "xla_streams.simulate.measured"): "the simulator: HTML only",
     ("xla_streams.plugin.hook", "xla_streams.simulate.visual"): "the simulator: HTML only",
