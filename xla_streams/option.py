@@ -383,14 +383,16 @@ class Option[T]:
         return self.reader.metavar
 
     def default_shown(self) -> str | None:
-        """The default as a user types it; None where the option has none to type
-        (None: the help says what happens)."""
-        return None if self.default is None else self.reader.show(self.default)
+        """The default as a user types it in a shell (``'python train.py'``); None where
+        the option has none to type (None: the help says what happens)."""
+        import shlex  # for help and docs only: not at start-up
+
+        return None if self.default is None else shlex.quote(self.reader.show(self.default))
 
     def help_line(self) -> str:
         """The help, then the default as a user types it: a flag's help."""
         shown = self.default_shown()
-        return self.help if shown is None else f"{self.help} Default: {shown or "''"}."
+        return self.help if shown is None else f"{self.help} Default: {shown}."
 
 
 def suggestion(name: str, known: Collection[str], prefix: str = "") -> str:

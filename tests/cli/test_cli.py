@@ -572,7 +572,9 @@ def test_a_file_larger_than_the_cap_is_refused_from_its_size(tmp_path: Path) -> 
     start = __import__("time").perf_counter()
     result = xla_streams("assign", huge)
     assert __import__("time").perf_counter() - start < 30
-    assert_user_error(result, f"'{huge}' is {cli.inputs.MAX_INPUT_BYTES + 1} bytes", "MAX_INPUT_BYTES")
+    assert_user_error(
+        result, f"'{huge}' is {cli.inputs.MAX_INPUT_BYTES + 1} bytes", "MAX_INPUT_BYTES"
+    )
 
 
 def test_standard_input_larger_than_the_cap_is_refused_while_read(
