@@ -150,18 +150,21 @@ CACHE_DIR = _variable(
     "replaces ~/.cache.",
 )  # fmt: skip
 
+# The variables that are not settings of the plugin: read where they are used.
+OTHER_VARIABLES: tuple[Option[Any], ...] = (CUDA_STREAM_PRIORITY, TRACE, CACHE_DIR)
 # Every variable the package reads.
-VARIABLES: tuple[Option[Any], ...] = (*SETTINGS, CUDA_STREAM_PRIORITY, TRACE, CACHE_DIR)
+VARIABLES: tuple[Option[Any], ...] = (*SETTINGS, *OTHER_VARIABLES)
 BY_ENV = {o.env or "": o for o in VARIABLES}
 
 
-def unknown(environ: Mapping[str, str] | None = None) -> list[str]:
+def unknown(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The ``XLA_STREAMS_*`` variables set (not empty) that the package does not read,
-    each as ``NAME is not a variable of xla_streams; did you mean KNOWN?``."""
+    each with what to say of it: ``NAME is not a variable of xla_streams; did you mean
+    KNOWN?``."""
     environ = os.environ if environ is None else environ
-    return [
-        f"{name} is not a variable of xla_streams"
+    return {
+        name: f"{name} is not a variable of xla_streams"
         + (suggestion(name, BY_ENV, ENV_PREFIX) or " (the README's table lists them all)")
         for name, value in sorted(environ.items())
         if name.startswith(ENV_PREFIX) and name not in BY_ENV and value.strip()
-    ]
+    }

@@ -124,7 +124,7 @@ def initialize() -> None:
 def _initialize() -> None:
     config = Config.from_env()  # with the plugin on, an unknown variable is an error
     if config is None:
-        for misspelled in unknown():
+        for misspelled in unknown().values():
             logger.warning("ignored: %s", misspelled)
         ignored = ignored_env()
         if ignored and _state.config is None:

@@ -31,9 +31,9 @@ from xla_streams.collectives import DEFAULT_POLICY, Policy
 from xla_streams.environment import (
     LOG_LEVELS,
     MODES,
+    OTHER_VARIABLES,
     SETTINGS,
     SWITCHES,
-    VARIABLES,
     LogLevel,
     Mode,
     unknown,
@@ -134,12 +134,15 @@ class Config:
         """
         environ = os.environ if environ is None else environ
         config = cls.from_layers([(env_values(environ), "env"), (flags or {}, "flag")])
-        for variable in VARIABLES:
-            if variable not in SETTINGS:
-                _read(variable, environ.get(variable.env or "", "").strip() or None, "env")
+        for variable in OTHER_VARIABLES:  # read later, where used: a bad value stops us now
+            try:
+                variable.from_env(environ)
+            except OptionError as e:
+                raise ConfigError(variable.name, str(e)) from None
         misspelled = unknown(environ)
         if config is not None and misspelled:
-            raise ConfigError(misspelled[0].split()[0], misspelled[0])
+            name, message = next(iter(misspelled.items()))
+            raise ConfigError(name, message)
         return config
 
     @classmethod
