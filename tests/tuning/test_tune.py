@@ -546,7 +546,10 @@ PROGRAMS = {
         (["other.py", "--program=fsdp_chain"], "not both"),
         (["--program=nope"], "unknown program 'nope'"),
         (["other.py:make", "--devices=12"], "not a multiple of devices_per_host=8"),
-        (["other.py:make", "--devices=8", "--levers=warp"], "--levers=warp is not valid: expected distinct"),
+        (
+            ["other.py:make", "--devices=8", "--levers=warp"],
+            "--levers=warp is not valid: expected distinct",
+        ),
         (["other.py:make", "--devices=8", "--target=tpu"], "--target"),
         # Refused before any work: more devices than a tuned topology may hold, ...
         (["other.py:make", "--devices=70000"], "65536"),
