@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xla_streams.collectives import DEFAULT_POLICY, DEFAULT_STREAMS, Policy, check_streams
+from xla_streams.collectives import DEFAULT_POLICY, DEFAULT_STREAMS, POLICY, STREAMS, Policy
+from xla_streams.option import option
 from xla_streams.passes.base import Compilation, Fact, ModulePass
 from xla_streams.streams import RuleWorkExceeded, assign_streams
 
@@ -17,11 +18,16 @@ class AssignStreams(ModulePass):
     requires = frozenset({Fact.ASYNC_PAIRS})
     ensures = frozenset({Fact.STREAMS_ASSIGNED})
 
-    streams: int = DEFAULT_STREAMS
-    policy: Policy = DEFAULT_POLICY
-
-    def __post_init__(self) -> None:
-        check_streams(self.streams)
+    streams: int = option(
+        DEFAULT_STREAMS,
+        STREAMS,
+        "The number of collective streams K to spread the collectives over.",
+    )
+    policy: Policy = option(
+        DEFAULT_POLICY, POLICY,
+        "How a collective picks its stream: 'interval' takes the lowest stream free when it "
+        "starts; 'round-robin' takes the next stream in turn.",
+    )  # fmt: skip
 
     def run(self, compilation: Compilation) -> None:
         try:

@@ -2,19 +2,21 @@
 the base class, and the error of a pipeline that cannot run as written.
 
 A pass is a frozen dataclass: ``name`` says what it is called in a pipeline spec,
-its fields are its options, ``requires``/``ensures`` are the facts it needs
-before and guarantees after (:mod:`xla_streams.pipeline` checks both around every
-pass and names the pass that failed).
+its fields are its options (each declared with :func:`xla_streams.option.option`:
+its default, reader and help; a spec writes it ``name=value``), ``requires``/
+``ensures`` are the facts it needs before and guarantees after
+(:mod:`xla_streams.pipeline` checks both around every pass and names the pass that
+failed).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from xla_streams.hlo import Module
+from xla_streams.option import check_fields, options_of
 from xla_streams.streams import AsyncPair, StreamAssignment
 
 
@@ -50,21 +52,18 @@ class ModulePass:
     requires: ClassVar[frozenset[Fact]] = frozenset()
     ensures: ClassVar[frozenset[Fact]] = frozenset()
 
+    def __post_init__(self) -> None:
+        # Every option checked and kept in its one spelling, however the pass was made:
+        # OptionError (a ValueError) naming the first one that is wrong.
+        check_fields(self)
+
     def run(self, compilation: Compilation) -> None:
         raise NotImplementedError
 
     def spec(self) -> str:
         """This pass as it would be written in a pipeline spec."""
         options = ",".join(
-            f"{f.name}={spelled(getattr(self, f.name))}" for f in dataclasses.fields(self)
+            f"{name}={declared.reader.show(getattr(self, name))}"
+            for name, declared in options_of(type(self)).items()
         )
         return f"{self.name}{{{options}}}" if options else self.name
-
-
-def spelled(value: object) -> str:
-    """An option's value as a spec writes it (a device list as ``3:1:2:0``)."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, tuple):
-        return ":".join(map(str, value))
-    return str(value)

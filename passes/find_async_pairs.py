@@ -6,26 +6,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xla_streams.collectives import StreamModel
+from xla_streams.option import boolean, integer, option
 from xla_streams.passes.base import Compilation, Fact, ModulePass
 from xla_streams.streams.pairs import check_scheduled, find_async_pairs
+from xla_streams.xla_options import OVERLAP_LIMIT
 
 
 @dataclass(frozen=True)
 class FindAsyncPairs(ModulePass):
     """Options say how the module was compiled and who runs its collectives (see
-    :class:`StreamModel`): ``overlap_limit`` (0: unknown), ``sync_on_compute``
-    (jax >= 0.11), ``ffi`` (our runtime, not XLA)."""
+    :class:`StreamModel`)."""
 
     name = "find-async-pairs"
     ensures = frozenset({Fact.ASYNC_PAIRS})
 
-    overlap_limit: int = 0
-    sync_on_compute: bool = False
-    ffi: bool = False
-
-    def __post_init__(self) -> None:
-        if self.overlap_limit < 0:
-            raise ValueError(f"overlap_limit must be 0 (unknown) or more, not {self.overlap_limit}")
+    overlap_limit: int = option(
+        0, integer(0),
+        f"The {OVERLAP_LIMIT} the module was compiled with. It decides where XLA 0.10's sync "
+        "collectives run: 1, the compute stream; above 1, communication stream 0; 0 (unknown) "
+        "assumes the latter, the safe assumption.",
+    )  # fmt: skip
+    sync_on_compute: bool = option(
+        False, boolean(),
+        "The module comes from jax >= 0.11, which runs sync collectives on the compute stream "
+        "at every overlap limit.",
+    )  # fmt: skip
+    ffi: bool = option(False, boolean(), "Our runtime runs the collectives, not XLA.")
 
     def run(self, compilation: Compilation) -> None:
         check_scheduled(compilation.module)

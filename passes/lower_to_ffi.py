@@ -39,6 +39,7 @@ from xla_streams.collectives import KINDS
 from xla_streams.hlo import Computation, Instruction, Module, parse_shape
 from xla_streams.hlo.attributes import decode, parse_int_list
 from xla_streams.hlo.text import blank_comments
+from xla_streams.option import choice, integer, option, sequence
 from xla_streams.passes.base import Compilation, Fact, ModulePass, PipelineError
 from xla_streams.runtime.abi import (
     BACKENDS,
@@ -184,14 +185,15 @@ class LowerToFfi(ModulePass):
     name = "lower-to-ffi"
     requires = frozenset({Fact.ASYNC_PAIRS, Fact.STREAMS_ASSIGNED})
 
-    backend: Backend = "host"
-    devices: tuple[int, ...] = ()  # the module's device assignment (the CUDA runtime's ranks)
-
-    def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be host or cuda, not {self.backend!r}")
-        if len(set(self.devices)) != len(self.devices) or min(self.devices, default=0) < 0:
-            raise ValueError(f"devices must be distinct non-negative ids, not {self.devices}")
+    backend: Backend = option(
+        "host", choice(BACKENDS), "Which runtime runs the collectives: host (XLA:CPU) or cuda."
+    )
+    devices: tuple[int, ...] = option(
+        (), sequence(integer(0), takes="distinct device ids (integers of at least 0), "
+                     "':'-separated", separator=":", distinct=True, empty=True),
+        "The module's device assignment, in logical order (the CUDA runtime's ranks; "
+        "empty: the identity).",
+    )  # fmt: skip
 
     def run(self, compilation: Compilation) -> None:
         assignment = compilation.assignment

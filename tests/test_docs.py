@@ -31,15 +31,16 @@ from typing import NamedTuple
 import pytest
 from test_layers import LAYERS  # tests/ is on the path (pyproject.toml)
 
-from xla_streams.cli.tune import flag_name
+from xla_streams import cli
+from xla_streams.cli.tune import OPTION_FLAGS
 from xla_streams.collectives import StreamModel
+from xla_streams.environment import BY_ENV, SETTINGS, VARIABLES
 from xla_streams.hlo import parse_module
-from xla_streams.plugin.settings import SETTINGS, spelled
 from xla_streams.simulate.errors import MODEL_ERRORS
 from xla_streams.simulate.targets import TARGETS
 from xla_streams.streams import find_async_pairs
 from xla_streams.tuning.levers import LEVER_NAMES, levers, module_facts
-from xla_streams.tuning.options import OPTIONS, TuneOptions, about
+from xla_streams.tuning.options import OPTIONS, TuneOptions
 from xla_streams.tuning.result import TuneResult, load_tune_result
 
 REPO = Path(__file__).resolve().parent.parent
@@ -114,10 +115,19 @@ def _cell(text: str) -> str:
 
 
 def settings_table() -> str:
-    """The plugin's settings: every row of SETTINGS, its three spellings and its help."""
-    rows = ["| variable | `enable()` keyword | what it does |", "|---|---|---|"]
-    for s in SETTINGS:
-        rows.append(f"| `{spelled(s.name, 'env')}` | `{s.name}` | {_cell(s.help)} |")
+    """Every variable the package reads: its name, its keyword (a setting of the plugin),
+    what it takes, its default as typed, its help."""
+    rows = [
+        "| variable | `enable()` keyword | takes | default | what it does |",
+        "|---|---|---|---|---|",
+    ]
+    for v in VARIABLES:
+        keyword = f"`{v.name}`" if v in SETTINGS else "-"
+        default = v.default_shown()
+        rows.append(
+            f"| `{v.env}` | {keyword} | {_cell(v.reader.takes)} "
+            f"| {'-' if default is None else f'`{default}`'} | {_cell(v.help)} |"
+        )
     return "\n".join(rows) + "\n"
 
 
@@ -274,15 +284,16 @@ def files_table() -> str:
 
 
 def tune_options_table() -> str:
-    """Every field of TuneOptions: its keyword, its flag, its default, what it takes, its
-    help."""
+    """Every option of TuneOptions: its keyword, its flag, its default as typed there,
+    what it takes, its help."""
+    flags = {o.name for o in OPTION_FLAGS}
     rows = ["| keyword | flag | default | takes | what it does |", "|---|---|---|---|---|"]
-    for option in OPTIONS:
-        info = about(option)
-        flag = f"`--{flag_name(option)}`" if info.command_line else "-"
+    for option in OPTIONS.values():
+        flag = f"`--{option.flag_name}`" if option.name in flags else "-"
+        default = option.default_shown()
         rows.append(
-            f"| `{option.name}` | {flag} | `{option.default!r}` | {_cell(info.takes)} "
-            f"| {_cell(info.help)} |"
+            f"| `{option.name}` | {flag} | {'-' if default is None else f'`{default}`'} "
+            f"| {_cell(option.reader.takes)} | {_cell(option.help)} |"
         )
     return "\n".join(rows) + "\n"
 
@@ -340,6 +351,7 @@ SAMPLES: dict[str, Callable[[], str]] = {
     "what-if": what_if_table,
     "levers": levers_table,
     "tune-options": tune_options_table,
+    "tune-help": lambda: command("xla-streams tune --help"),
     "tune": tune_table,
     "tune-recommendation": tune_recommendation,
     "gpu-check-dry-run": gpu_check_dry_run,
@@ -380,6 +392,35 @@ def test_the_tune_doc_names_every_lever_and_option() -> None:
     doc = (REPO / "docs" / "tune.md").read_text()
     options = [f.name for f in dataclasses.fields(TuneOptions)]
     assert [name for name in (*LEVER_NAMES, *options) if f"`{name}`" not in doc] == []
+
+
+# A command line of the docs, `xla-streams CMD ...` (up to the end of its code span or
+# line), and a flag in it (not XLA's: those are spelled with '_').
+_COMMAND = re.compile(r"xla-streams ([a-z]+)([^`\n]*)")
+_FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9_-]*)")
+
+
+def test_the_docs_write_only_flags_their_command_has() -> None:
+    wrong = []
+    for doc in DOCS:
+        for line in _COMMAND.finditer(doc.read_text()):
+            command = cli.COMMANDS.get(line[1])
+            if command is None:
+                continue
+            known = {o.flag_name for o in command.flags()} | {"help"}
+            wrong += [
+                f"{doc.name}: xla-streams {line[1]} --{flag}"
+                for flag in _FLAG.findall(line[2])
+                if "_" not in flag and flag not in known and flag.removeprefix("no") not in known
+            ]
+    assert wrong == []
+
+
+def test_the_docs_name_only_variables_of_the_table() -> None:
+    """Every XLA_STREAMS_* name the docs write is one the package reads, but this file's
+    own (the tests' variables are not the package's)."""
+    named = {n for d in DOCS for n in re.findall(r"\bXLA_STREAMS_[A-Z_]*[A-Z]\b", d.read_text())}
+    assert named - set(BY_ENV) == {"XLA_STREAMS_UPDATE_DOCS"}
 
 
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

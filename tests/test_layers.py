@@ -19,9 +19,11 @@ REPO = Path(__file__).resolve().parents[1]
 # is a part of the package (a subpackage or a top-level module) or, where one module
 # of a part sits elsewhere than the rest, that module.
 LAYERS: list[set[str]] = [
-    {"_io", "_json", "_log", "_text", "_wire", "xla_options", "jax_compat"},  # nothing of ours
+    # nothing of ours; option: how every option is declared and read
+    {"_io", "_json", "_log", "_text", "_wire", "xla_options", "jax_compat", "option"},
     {"hlo"},  # the IR
-    {"collectives", "runtime.abi"},  # what a collective is; what the ffi runtime runs
+    # what a collective is; what the ffi runtime runs; every environment variable we read
+    {"collectives", "runtime.abi", "environment"},
     {"streams"},  # the analyses: pairs, the deadlock rule, the assignment, verification
     {"simulate", "runtime", "aot", "programs"},  # the simulator calls the analyses
     {"tuning"},  # JAX-free but for the compiles of its candidates
@@ -44,7 +46,7 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("xla_streams.cli", "xla_streams.cli.demo"): "start-up: JAX, for the demo only",
     ("xla_streams.cli", "xla_streams.cli.simulate"): "start-up: the simulator, for simulate",
     ("xla_streams.cli", "xla_streams.cli.tune"): "start-up: the tuner, for tune",
-    ("xla_streams.cli", "xla_streams.report"): "start-up: opt writes no report (10 ms)",
+    ("xla_streams.cli.opt", "xla_streams.report"): "start-up: opt writes no report (10 ms)",
     ("xla_streams.plugin.hook", "xla_streams.report"): "reports: with a report directory only",
     ("xla_streams.plugin.hook", "xla_streams.simulate.measured"): "the simulator: HTML only",
     ("xla_streams.plugin.hook", "xla_streams.simulate.visual"): "the simulator: HTML only",

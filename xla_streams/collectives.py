@@ -23,6 +23,7 @@ from xla_streams.hlo.attributes import (
     parse_source_target_pairs,
 )
 from xla_streams.hlo.text import ScanError, split_top_level
+from xla_streams.option import choice, integer
 
 Policy = Literal["interval", "round-robin"]
 POLICIES: tuple[Policy, ...] = ("interval", "round-robin")
@@ -31,28 +32,21 @@ MAX_STREAMS = 64
 DEFAULT_STREAMS = 4  # K when the user turns the plugin on without saying how many
 STREAM_COUNTS = (1, 2, 4, 8)  # the K that predictions and searches compare
 
-
-# What a number of collective streams must be, as every front end's message says it.
-STREAMS_EXPECTED = f"an integer from 1 to {MAX_STREAMS}"
+# The readers of a number of collective streams K and of a policy, wherever one is
+# given: a setting, a flag, a pass option, a tune option.
+STREAMS = integer(1, MAX_STREAMS, metavar="K")
+POLICY = choice(POLICIES)
 
 
 def check_streams(value: object) -> int:
     """``value`` as a number of collective streams K; ValueError unless an integer in
-    1..MAX_STREAMS. Front ends that name the value as the user spelled it say
-    :data:`STREAMS_EXPECTED` in their own message."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_STREAMS:
+    1..MAX_STREAMS."""
+    try:
+        return STREAMS.check(value)
+    except ValueError:
         raise ValueError(
-            f"the number of collective streams must be {STREAMS_EXPECTED}, not {value!r}"
-        )
-    return value
-
-
-def streams_from_text(text: str) -> int:
-    """K as a user writes it (``"4"``, surrounding spaces allowed): ValueError as
-    :func:`check_streams` raises it, naming ``text``, unless decimal digits of a
-    number in 1..MAX_STREAMS."""
-    digits = text.strip()
-    return check_streams(int(digits) if digits.isascii() and digits.isdecimal() else text)
+            f"the number of collective streams must be {STREAMS.takes}, not {value!r}"
+        ) from None
 
 
 @dataclass(frozen=True)

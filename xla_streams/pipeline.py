@@ -16,13 +16,13 @@ import dataclasses
 import importlib
 import re
 import time
-import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal
 
 from xla_streams.collectives import DEFAULT_POLICY, Policy, StreamModel
 from xla_streams.hlo import HloError, Module
+from xla_streams.option import OptionError, options_of, suggestion
 from xla_streams.passes.base import Compilation, Fact, ModulePass, PipelineError
 from xla_streams.streams import VerificationError
 
@@ -60,7 +60,10 @@ def pass_class(name: str) -> type[ModulePass]:
     """The pass a spec calls ``name``; PipelineError naming the known ones otherwise."""
     load = PASSES.get(name)
     if load is None:
-        raise PipelineError(f"unknown pass '{name}'; known passes: {', '.join(sorted(PASSES))}")
+        raise PipelineError(
+            f"unknown pass '{name}'{suggestion(name, PASSES)}; known passes: "
+            f"{', '.join(sorted(PASSES))}"
+        )
     return load()
 
 
@@ -171,14 +174,21 @@ def _spec_error(spec: str, offset: int, message: str) -> PipelineError:
 
 
 def _typed_options(cls: type[ModulePass], written: Mapping[str, str]) -> dict[str, Any]:
-    fields = [f.name for f in dataclasses.fields(cls)]
-    hints = typing.get_type_hints(cls)
+    """The options a spec writes for pass ``cls``, each read by its declaration."""
+    declared = options_of(cls)
     options: dict[str, Any] = {}
     for key, raw in written.items():
-        if key not in fields:
-            accepted = ", ".join(f"{k}=<{_type_name(hints[k])}>" for k in fields) or "none"
-            raise PipelineError(f"pass '{cls.name}': bad option '{key}={raw}'; options: {accepted}")
-        options[key] = _convert(cls.name, key, raw, hints[key])
+        found = declared.get(key)
+        if found is None:
+            accepted = ", ".join(f"{k}=<{o.metavar}>" for k, o in declared.items()) or "none"
+            raise PipelineError(
+                f"pass '{cls.name}': bad option '{key}={raw}'{suggestion(key, declared)}; "
+                f"options: {accepted}"
+            )
+        try:
+            options[key] = found.read(raw, "spec")
+        except OptionError as e:
+            raise PipelineError(f"pass '{cls.name}': {e}") from None
     return options
 
 
@@ -187,46 +197,6 @@ def _construct(cls: type[ModulePass], options: Mapping[str, Any]) -> ModulePass:
         return cls(**options)
     except (ValueError, TypeError) as e:
         raise PipelineError(f"pass '{cls.name}': {e}") from None
-
-
-def _convert(pass_name: str, key: str, raw: str, hint: Any) -> Any:
-    if get_origin(hint) is Literal:
-        if raw not in get_args(hint):
-            allowed = ", ".join(get_args(hint))
-            raise PipelineError(f"pass '{pass_name}': {key}={raw} is not one of {allowed}")
-        return raw
-    if hint is bool:
-        if raw not in ("true", "false"):
-            raise PipelineError(f"pass '{pass_name}': {key} must be true or false, not '{raw}'")
-        return raw == "true"
-    try:
-        if hint is int:
-            return _ascii_int(raw)
-        if get_origin(hint) is tuple:  # device ids, written 3:1:2:0
-            return tuple(_ascii_int(part) for part in raw.split(":")) if raw else ()
-    except ValueError as e:
-        what = "an integer" if hint is int else "':'-separated integers"
-        raise PipelineError(
-            f"pass '{pass_name}': {key} must be {what}, not '{raw}' ({e})"
-        ) from None
-    return raw
-
-
-def _ascii_int(text: str) -> int:
-    """``int()`` reads '٤', '+4' and '1_0' too; a spec's numbers are ASCII digits only."""
-    if not text.isascii():
-        raise ValueError("not ASCII")
-    if not text.isdigit():
-        raise ValueError("a number is written with the digits 0-9 only")
-    return int(text)
-
-
-def _type_name(hint: Any) -> str:
-    if get_origin(hint) is Literal:
-        return "|".join(get_args(hint))
-    if get_origin(hint) is tuple:
-        return "id:id:..."
-    return getattr(hint, "__name__", str(hint))
 
 
 @dataclass

@@ -102,10 +102,10 @@ def test_no_command_is_a_usage_error() -> None:
         ),
         (
             "assign",
-            ["--streams=N", "--policy=interval|round-robin", "--json=", "--output=", "quiet"],
+            ["--streams=K", "--policy=interval|round-robin", "--json=", "--output=", "quiet"],
             ["--pipeline", "time-passes"],
         ),
-        ("report", ["--streams=N", "--policy=", "--json="], ["--output", "--pipeline", "quiet"]),
+        ("report", ["--streams=K", "--policy=", "--json="], ["--output", "--pipeline", "quiet"]),
     ],
 )
 def test_command_help_lists_only_its_own_flags(
@@ -568,18 +568,20 @@ def test_dev_zero_as_input_is_refused_at_once() -> None:
 def test_a_file_larger_than_the_cap_is_refused_from_its_size(tmp_path: Path) -> None:
     huge = tmp_path / "huge.hlo"
     with huge.open("wb") as f:  # sparse: 2 GiB that take no disk
-        f.truncate(cli.MAX_INPUT_BYTES + 1)
+        f.truncate(cli.inputs.MAX_INPUT_BYTES + 1)
     start = __import__("time").perf_counter()
     result = xla_streams("assign", huge)
     assert __import__("time").perf_counter() - start < 30
-    assert_user_error(result, f"'{huge}' is {cli.MAX_INPUT_BYTES + 1} bytes", "MAX_INPUT_BYTES")
+    assert_user_error(
+        result, f"'{huge}' is {cli.inputs.MAX_INPUT_BYTES + 1} bytes", "MAX_INPUT_BYTES"
+    )
 
 
 def test_standard_input_larger_than_the_cap_is_refused_while_read(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(cli, "MAX_INPUT_BYTES", 1000)
-    monkeypatch.setattr(cli, "_READ_CHUNK", 64)
+    monkeypatch.setattr(cli.inputs, "MAX_INPUT_BYTES", 1000)
+    monkeypatch.setattr(cli.inputs, "_READ_CHUNK", 64)
     for stdin in (
         io.TextIOWrapper(io.BytesIO(b"x" * 5000)),  # bytes underneath, as sys.stdin
         io.StringIO("x" * 5000),  # already text
@@ -590,7 +592,7 @@ def test_standard_input_larger_than_the_cap_is_refused_while_read(
         assert "standard input holds more than the 1000 bytes" in stderr.getvalue()
     stderr = io.StringIO()
     small = io.TextIOWrapper(io.BytesIO(TIED.encode()))
-    monkeypatch.setattr(cli, "MAX_INPUT_BYTES", len(TIED))
+    monkeypatch.setattr(cli.inputs, "MAX_INPUT_BYTES", len(TIED))
     assert cli.main(["assign", "-"], stdin=small, stdout=io.StringIO(), stderr=stderr) == 0
 
 

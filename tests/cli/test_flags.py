@@ -1,4 +1,4 @@
-"""The command line's flag reader: absl's spellings, one table per command."""
+"""The command line's flag reader: absl's spellings, one table of options per command."""
 
 from __future__ import annotations
 
@@ -6,17 +6,20 @@ from typing import Any
 
 import pytest
 
+from xla_streams import option
 from xla_streams.cli import flags
 from xla_streams.cli.flags import FlagError
+from xla_streams.option import Option
 
+_NAMES = option.sequence(option.text(), takes="names")
 TABLE = [
-    flags.integer("count", 4, "A number.", lower=1, upper=64),
-    flags.string("output", None, "A file.", short="o"),
-    flags.boolean("quiet", False, "Say less.", short="q"),
-    flags.boolean("progress", None, "Tri-state."),
-    flags.enum("policy", "interval", ["interval", "round-robin"], "A choice."),
-    flags.real("budget", 300.0, "Seconds.", lower=1.0),
-    flags.names("levers", None, "Names."),
+    Option("count", 4, "A number.", option.integer(1, 64)),
+    Option("output", None, "A file.", option.path(), short="o"),
+    Option("quiet", False, "Say less.", option.boolean(), short="q"),
+    Option("progress", None, "Tri-state.", option.optional(option.boolean(), takes="a bool")),
+    Option("policy", "interval", "A choice.", option.choice(["interval", "round-robin"])),
+    Option("budget_s", 300.0, "Seconds.", option.number(1, takes="at least a second")),
+    Option("levers", None, "Names.", option.optional(_NAMES, takes="names")),
 ]
 DEFAULTS = {f.name: f.default for f in TABLE}
 
@@ -41,8 +44,10 @@ DEFAULTS = {f.name: f.default for f in TABLE}
         (["a", "--count=2", "b"], {"count": 2}, ["a", "b"]),  # flags and arguments interleave
         (["-", "--", "--count=2"], {}, ["-", "--count=2"]),
         (["--policy=round-robin"], {"policy": "round-robin"}, []),
-        (["--budget=2.5"], {"budget": 2.5}, []),
-        (["--levers=a, b,,c"], {"levers": ["a", "b", "c"]}, []),
+        (["--policy=Round-Robin"], {"policy": "round-robin"}, []),  # a choice in any case
+        (["--budget-s=2.5"], {"budget_s": 2.5}, []),  # under its name with dashes
+        (["--levers=a, b,,c"], {"levers": ("a", "b", "c")}, []),
+        (["--quiet=on", "--count= 8 "], {"quiet": True, "count": 8}, []),
     ],
 )
 def test_spellings(argv: list[str], changed: dict[str, Any], positional: list[str]) -> None:
@@ -53,19 +58,32 @@ def test_spellings(argv: list[str], changed: dict[str, Any], positional: list[st
     ("argv", "message"),
     [
         (["--colour=red"], "unknown flag '--colour'"),
-        (["--noocount"], "unknown flag '--noocount'"),
-        (["--nocount"], "unknown flag '--nocount'"),  # only booleans negate
+        (["--counts=2"], "unknown flag '--counts'; did you mean --count?"),
+        (["--budget=2"], "unknown flag '--budget'; did you mean --budget-s?"),
+        (["--noocount"], "unknown flag '--noocount'; did you mean --count?"),
+        (["--nocount"], "unknown flag '--nocount'; did you mean --count?"),  # only switches negate
         (["--count"], "flag --count needs a value"),
-        (["--count=0"], "flag --count=0: expected a number at least 1 and at most 64"),
-        (["--count=4.0"], "flag --count=4.0: expected an integer"),
-        (["--count=٤"], "flag --count=٤: expected an integer"),  # Arabic-Indic four
-        (["--quiet=maybe"], "flag --quiet=maybe: expected true or false"),
-        (["--policy=random"], "flag --policy=random: expected one of interval, round-robin"),
-        (["--budget=nan"], "flag --budget=nan: expected a finite number"),
-        (["--budget=1_0"], "flag --budget=1_0: expected a number"),
-        (["--budget=\u0664"], "flag --budget=\u0664: expected a number"),
-        (["---count=8"], "unknown flag '---count'"),
-        (["--budget=0.5"], "flag --budget=0.5: expected a number at least 1.0"),
+        (["--count=0"], "--count=0 is not valid: expected an integer from 1 to 64"),
+        (["--count=4.0"], "--count=4.0 is not valid: expected an integer from 1 to 64"),
+        (
+            ["--count=٤"],
+            "--count=٤ is not valid: expected an integer from 1 to 64",
+        ),  # Arabic-Indic four
+        (["--count=+4"], "--count=+4 is not valid: expected an integer from 1 to 64"),
+        (
+            ["--quiet=maybe"],
+            "--quiet=maybe is not valid: expected true or false (or 1, 0, yes, no, on, off)",
+        ),
+        (
+            ["--policy=random"],
+            "--policy=random is not valid: expected one of interval, round-robin",
+        ),
+        (["--budget-s=nan"], "--budget-s=nan is not valid: expected at least a second"),
+        (["--budget-s=inf"], "--budget-s=inf is not valid: expected at least a second"),
+        (["--budget-s=1_0"], "--budget-s=1_0 is not valid: expected at least a second"),
+        (["--budget-s=\u0664"], "--budget-s=\u0664 is not valid: expected at least a second"),
+        (["---count=8"], "unknown flag '---count'; did you mean --count?"),
+        (["--budget-s=0.5"], "--budget-s=0.5 is not valid: expected at least a second"),
     ],
 )
 def test_errors_name_the_flag(argv: list[str], message: str) -> None:

@@ -294,10 +294,13 @@ ENTRY %main (p: c64[8]) -> c64[8] {
 
 
 def test_lower_to_ffi_options() -> None:
-    with pytest.raises(PipelineError, match="backend=gpu is not one of host, cuda"):
+    with pytest.raises(PipelineError, match="backend=gpu is not valid: expected one of host, cuda"):
         PassManager.from_spec("lower-to-ffi{backend=gpu}")
-    with pytest.raises(PipelineError, match="devices must be"):
-        PassManager.from_spec("lower-to-ffi{backend=cuda,devices=1:x}")
+    for devices in ("1:x", "1:1", "-1"):
+        with pytest.raises(
+            PipelineError, match=f"devices={devices} is not valid: expected distinct"
+        ):
+            PassManager.from_spec(f"lower-to-ffi{{backend=cuda,devices={devices}}}")
 
 
 # -- lower-to-ffi: CUDA (the H100 fixtures) ------------------------------------------

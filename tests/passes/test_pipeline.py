@@ -59,16 +59,32 @@ def test_spec_builds_passes_with_typed_options() -> None:
     ("spec", "message"),
     [
         ("no-such-pass", "unknown pass 'no-such-pass'; known passes: "),
-        ("assign-streams{streams=0}", "streams must be an integer from 1 to 64"),
-        ("assign-streams{streams=65}", "streams must be an integer from 1 to 64"),
-        ("assign-streams{streams=four}", "streams must be an integer, not 'four'"),
-        ("assign-streams{policy=random}", "policy=random is not one of interval, round-robin"),
-        ("assign-streams{colour=red}", "bad option 'colour=red'; options: streams=<int>"),
+        ("asign-streams", "unknown pass 'asign-streams'; did you mean assign-streams?"),
+        (
+            "assign-streams{streams=0}",
+            "pass 'assign-streams': streams=0 is not valid: expected an integer from 1 to 64",
+        ),
+        ("assign-streams{streams=65}", "streams=65 is not valid: expected an integer from 1 to 64"),
+        ("assign-streams{streams=four}", "streams=four is not valid: expected an integer from 1"),
+        (
+            "assign-streams{policy=random}",
+            "policy=random is not valid: expected one of interval, round-robin",
+        ),
+        (
+            "assign-streams{stream=2}",
+            "bad option 'stream=2'; did you mean streams?; options: streams=<K>, "
+            "policy=<interval|round-robin>",
+        ),
         ("verify-streams{x=1}", "bad option 'x=1'; options: none"),
         (
             "find-async-pairs{x=1}",
-            "bad option 'x=1'; options: overlap_limit=<int>, sync_on_compute=<bool>",
+            "bad option 'x=1'; options: overlap_limit=<N>, sync_on_compute=<true|false>",
         ),
+        (
+            "lower-to-ffi{devices=1:1}",
+            "devices=1:1 is not valid: expected distinct device ids (integers of at least 0)",
+        ),
+        ("lower-to-ffi{backend=tpu}", "backend=tpu is not valid: expected one of host, cuda"),
         ("find-async-pairs,,", "bad pipeline spec at column 18: expected a pass name"),
         # Where it went wrong, with the spec and a caret under that column.
         (
@@ -157,5 +173,5 @@ def test_importing_the_passes_package_loads_no_pass() -> None:
 @pytest.mark.parametrize("written", ["٤", "+2", "1_0", "²"])
 def test_spec_numbers_are_ascii_digits(written: str) -> None:
     # int() reads all of these; XLA and the plugin's settings take ASCII digits only.
-    with pytest.raises(PipelineError, match="streams must be an integer"):
+    with pytest.raises(PipelineError, match="is not valid: expected an integer from 1 to 64"):
         parse_pipeline(f"assign-streams{{streams={written}}}")

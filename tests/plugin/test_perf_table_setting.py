@@ -82,7 +82,7 @@ def test_one_setting_row_in_every_spelling(tmp_path: Path) -> None:
     assert config is not None and config.perf_table == str(table)
     assert f"collective perf table {table}" in config.describe()
     flag = Config.from_values({"collective_streams": "2", "perf_table": str(table)}, "flag")
-    kwarg = Config.from_values({"collective_streams": 2, "perf_table": table}, "kwarg")
+    kwarg = Config.from_values({"collective_streams": 2, "perf_table": table}, "keyword")
     assert flag == kwarg == config
     # Relative paths become absolute: XLA reads the file from wherever it runs.
     relative = os.path.relpath(table)
@@ -122,7 +122,7 @@ def test_a_table_that_cannot_be_used_stops_start_up(
     ):
         Config.from_values({"collective_streams": "2", "perf_table": str(table)}, "flag")
     with pytest.raises(ConfigError, match=r"^perf_table='.*' is not valid") as caught:
-        Config.from_values({"collective_streams": 2, "perf_table": str(table)}, "kwarg")
+        Config.from_values({"collective_streams": 2, "perf_table": str(table)}, "keyword")
     assert caught.value.setting == "perf_table"
 
 
@@ -132,7 +132,7 @@ def test_a_missing_file_or_an_unsafe_path_stops_start_up(tmp_path: Path) -> None
     spaced = write(tmp_path, SLOW, "my table.txtpb")
     with pytest.raises(ConfigError, match="XLA_FLAGS cannot carry a path with spaces"):
         Config.from_env(env(perf_table=str(spaced)))
-    with pytest.raises(ConfigError, match="perf_table=.* is not the path of a performance table"):
+    with pytest.raises(ConfigError, match="perf_table=.* is not valid: no such file"):
         Config(2, perf_table=str(tmp_path / "missing.txtpb"))
 
 

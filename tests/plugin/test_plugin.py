@@ -26,6 +26,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before anything imports JAX
 
 from xla_streams import plugin, xla_options
 from xla_streams.collectives import StreamModel
+from xla_streams.environment import BY_ENV
 from xla_streams.plugin import hook
 from xla_streams.plugin.settings import Config, ConfigError, ignored_env
 
@@ -75,11 +76,11 @@ def test_env_settings() -> None:
         (dict(collective_streams="0"), "XLA_STREAMS_COLLECTIVE_STREAMS='0'"),
         (dict(collective_streams="65"), "from 1 to 64"),
         (dict(collective_streams="4", policy="fifo"),
-         "XLA_STREAMS_POLICY='fifo' is not valid; accepted values: interval, round-robin"),
+         "XLA_STREAMS_POLICY='fifo' is not valid: expected one of interval, round-robin"),
         (dict(collective_streams="4", mode="fast"),
-         "XLA_STREAMS_MODE='fast' is not valid; accepted values: native, ffi"),
+         "XLA_STREAMS_MODE='fast' is not valid: expected one of native, ffi"),
         (dict(collective_streams="4", strict="maybe"),
-         "XLA_STREAMS_STRICT='maybe' is not valid; accepted values: 1, 0, true, false"),
+         "XLA_STREAMS_STRICT='maybe' is not valid: expected true or false (or 1, 0, yes, no, on, off)"),
         (dict(pipeline="find-async-pairs,nope"), "unknown pass 'nope'"),
         (dict(pipeline="find-async-pairs"), "has no assign-streams pass"),
         (dict(collective_streams="4", mode="native",
@@ -92,7 +93,7 @@ def test_env_settings() -> None:
         (dict(collective_streams="4", timeout_s="-1"), "XLA_STREAMS_TIMEOUT_S='-1'"),
         (dict(collective_streams="4", timeout_s="nan"), "XLA_STREAMS_TIMEOUT_S='nan'"),
         (dict(collective_streams="4", log="loud"),
-         "XLA_STREAMS_LOG='loud' is not valid; accepted values: warning, info, debug"),
+         "XLA_STREAMS_LOG='loud' is not valid: expected one of warning, info, debug"),
         (dict(config="/nonexistent/tune.json"), "XLA_STREAMS_CONFIG='/nonexistent/tune.json' is not valid: no such file"),
         (dict(collective_streams="4", pipeline="find-async-pairs,assign-streams{streams=2}"),
          "XLA_STREAMS_PIPELINE says streams=2 but XLA_STREAMS_COLLECTIVE_STREAMS=4"),
@@ -140,7 +141,7 @@ def test_report_dir_must_be_a_directory(tmp_path: Path) -> None:
 
 def test_keyword_and_flag_spellings() -> None:
     with pytest.raises(ConfigError, match=r"^policy='x' is not valid"):
-        Config.from_values({"collective_streams": 2, "policy": "x"}, "kwarg")
+        Config.from_values({"collective_streams": 2, "policy": "x"}, "keyword")
     with pytest.raises(ConfigError, match=r"^--xla_streams_collective_streams=99 is not valid"):
         Config.from_values({"collective_streams": "99"}, "flag")
     with pytest.raises(ConfigError, match="collective_streams=True"):
@@ -560,9 +561,9 @@ print("REACHED")
         ({"XLA_STREAMS_COLLECTIVE_STREAMS": "four"},
          "XLA_STREAMS_COLLECTIVE_STREAMS='four' is not valid: expected an integer from 1 to 64"),
         ({"XLA_STREAMS_COLLECTIVE_STREAMS": "4", "XLA_STREAMS_MODE": "fast"},
-         "XLA_STREAMS_MODE='fast' is not valid; accepted values: native, ffi"),
+         "XLA_STREAMS_MODE='fast' is not valid: expected one of native, ffi"),
         ({"XLA_STREAMS_COLLECTIVE_STREAMS": "4", "XLA_STREAMS_POLICY": "lifo"},
-         "XLA_STREAMS_POLICY='lifo' is not valid; accepted values: interval, round-robin"),
+         "XLA_STREAMS_POLICY='lifo' is not valid: expected one of interval, round-robin"),
     ],
 )  # fmt: skip
 def test_bad_values_stop_the_program_at_start_up(
@@ -720,11 +721,19 @@ def test_the_hook_reaches_gpu_plugins_without_starting_a_backend(
     assert registered == [("cuda", "xla_streams_test")]  # no ROCm plugin here
 
 
-def test_the_readme_documents_every_setting() -> None:
-    from xla_streams.plugin.settings import SETTINGS, spelled
-
-    readme = (REPO / "README.md").read_text()
-    assert [s.name for s in SETTINGS if f"`{spelled(s.name, 'env')}" not in readme] == []
+def test_every_variable_the_package_names_is_in_the_table() -> None:
+    """The Python and the C++ of the package name no XLA_STREAMS_* variable that the table
+    of every variable (which the README shows) does not hold."""
+    named = set()
+    for path in [
+        *(REPO / "xla_streams").rglob("*.py"),
+        *(REPO / "xla_streams").rglob("*.h"),
+        *(REPO / "xla_streams").rglob("*.cc"),
+        *(REPO / "passes").glob("*.py"),
+    ]:
+        named |= set(re.findall(r"\bXLA_STREAMS_[A-Z_]*[A-Z]\b", path.read_text()))
+    assert named - set(BY_ENV) == set()
+    assert {"XLA_STREAMS_TRACE", "XLA_STREAMS_CACHE_DIR"} <= named  # read by C++, the caches
 
 
 TUNE_FILE = {

@@ -10,6 +10,7 @@ without a tune result.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -53,10 +54,9 @@ def env(**values: str) -> dict[str, str]:
         (dict(pipeline="find-async-pairs,assign-streams{streams=\u0664}"),
          "XLA_STREAMS_PIPELINE='find-async-pairs,assign-streams{streams=\u0664}' is not valid"),
         (dict(pipeline="find-async-pairs{overlap_limit=\u0664},assign-streams{streams=2}"),
-         "overlap_limit must be an integer, not '\u0664' (not ASCII)"),
+         "overlap_limit=\u0664 is not valid: expected an integer of at least 0"),
         (dict(pipeline="find-async-pairs{overlap_limit=+2},assign-streams{streams=2}"),
-         "overlap_limit must be an integer, not '+2' (a number is written with the digits 0-9 "
-         "only)"),
+         "overlap_limit=+2 is not valid: expected an integer of at least 0"),
         (dict(pipeline="find-async-pairs,assign-streams{streams=\u00b2}"),
          "XLA_STREAMS_PIPELINE="),
     ],
@@ -89,10 +89,11 @@ def test_flags_and_keywords_take_ascii_digits_only() -> None:
 def test_an_unexpected_error_in_a_parser_names_the_variable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def explode(value: Any, name: str) -> Any:
+    def explode(value: Any) -> Any:
         raise RecursionError("maximum recursion depth exceeded")
 
-    broken = settings.Setting("policy", "", explode)
+    policy = settings.BY_NAME["policy"]
+    broken = dataclasses.replace(policy, reader=dataclasses.replace(policy.reader, read=explode))
     monkeypatch.setitem(settings.BY_NAME, "policy", broken)
     with pytest.raises(ConfigError) as e:
         Config.from_env(env(collective_streams="2", policy="interval"))
@@ -170,6 +171,43 @@ def test_initialize_stops_on_any_error_turning_the_plugin_on(
     plugin.initialize()
     (error,) = stop_capture
     assert "XLA_STREAMS_" in str(error) and "KeyError" in str(error)
+
+
+def test_a_misspelled_variable_stops_the_plugin_when_it_is_on(
+    monkeypatch: pytest.MonkeyPatch, stop_capture: list[ConfigError]
+) -> None:
+    # The user asked for round-robin; running with interval would be another program.
+    monkeypatch.setenv("XLA_STREAMS_COLLECTIVE_STREAMS", "2")
+    monkeypatch.setenv("XLA_STREAMS_POLCY", "round-robin")
+    plugin.initialize()
+    (error,) = stop_capture
+    assert str(error) == (
+        "XLA_STREAMS_POLCY is not a variable of xla_streams; did you mean XLA_STREAMS_POLICY?"
+    )
+    assert plugin.current() is None
+    # A name near none says where they are all listed.
+    assert Config.from_env(env(collective_streams="2")) is not None
+    with pytest.raises(ConfigError, match=r"^XLA_STREAMS_WHATEVER is not a .* lists them all"):
+        Config.from_env(env(collective_streams="2", whatever="1"))
+    # A bad value of a variable the runtime reads later stops it now, too.
+    with pytest.raises(ConfigError, match=r"^XLA_STREAMS_TRACE='yes' is not valid: .* 0, 1"):
+        Config.from_env(env(collective_streams="2", trace="yes"))
+
+
+def test_a_misspelled_variable_is_warned_about_when_the_plugin_is_off(
+    monkeypatch: pytest.MonkeyPatch, stop_capture: list[ConfigError]
+) -> None:
+    # Most likely the switch itself, misspelled: nothing of the plugin runs, so nothing
+    # stops; the warning names the variable meant.
+    warned: list[str] = []
+    monkeypatch.setattr(plugin.logger, "warning", lambda f, *a: warned.append(f % a))
+    monkeypatch.setenv("XLA_STREAMS_COLECTIVE_STREAMS", "2")
+    plugin.initialize()
+    assert stop_capture == [] and plugin.current() is None
+    assert warned == [
+        "ignored: XLA_STREAMS_COLECTIVE_STREAMS is not a variable of xla_streams; did you mean "
+        "XLA_STREAMS_COLLECTIVE_STREAMS?"
+    ]
 
 
 def test_unreadable_xla_flags_are_named(

@@ -9,11 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from xla_streams.tuning.cache import CACHE_ENV
+from xla_streams.environment import CACHE_DIR
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _own_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(CACHE_ENV, os.fspath(tmp_path_factory.mktemp("compile_cache")))
+        patch.setenv(CACHE_DIR.env or "", os.fspath(tmp_path_factory.mktemp("compile_cache")))
         yield

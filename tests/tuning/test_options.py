@@ -8,22 +8,18 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import io
+import shlex
 
 import pytest
 
 import xla_streams
 from xla_streams import cli, xla_options
 from xla_streams.cli import flags
-from xla_streams.cli.tune import command_flags, flag_name, option_values
+from xla_streams.cli.tune import FLAGS, OPTION_FLAGS, option_values
 from xla_streams.collectives import MAX_STREAMS
 from xla_streams.tuning import driver
 from xla_streams.tuning.levers import LEVER_ALIASES, LEVER_NAMES, Facts, describe, levers
-from xla_streams.tuning.options import (
-    DEFAULT_DEVICES_PER_HOST,
-    OPTIONS,
-    TuneOptions,
-    about,
-)
+from xla_streams.tuning.options import DEFAULT_DEVICES_PER_HOST, OPTIONS, TuneOptions
 from xla_streams.tuning.result import TuneError
 
 # The flags of `xla-streams tune` that are not options of the tuner.
@@ -35,7 +31,7 @@ FACTS = Facts(8, 8, frozenset({"all-gather", "reduce-scatter", "all-reduce"}), f
 
 def _cli_options(*argv: str) -> TuneOptions:
     """The options the command line ``argv`` gives, read as ``xla-streams tune`` reads them."""
-    values, _ = flags.parse(argv, command_flags())
+    values, _ = flags.parse(argv, FLAGS)
     return TuneOptions(**option_values(values.__getitem__))
 
 
@@ -48,10 +44,10 @@ def test_the_keywords_of_tune_are_the_fields_of_tune_options() -> None:
         assert "options" in keywords
         assert [p.kind for p in keywords.values()][-1] is inspect.Parameter.VAR_KEYWORD
         # No option is a parameter of its own: each is a field, and only there.
-        assert not {f.name for f in OPTIONS} & set(keywords), function.__name__
+        assert not set(OPTIONS) & set(keywords), function.__name__
     assert xla_streams.TuneOptions is TuneOptions
     # Every field is a keyword, with the field's default; nothing else is.
-    every = {f.name: f.default for f in OPTIONS}
+    every = {o.name: o.default for o in OPTIONS.values()}
     assert dataclasses.asdict(TuneOptions(**every)) == dataclasses.asdict(TuneOptions())
     with pytest.raises(TypeError, match="no_such_option"):
         xla_streams.tune(lambda d: None, devices=8, no_such_option=1)
@@ -61,20 +57,40 @@ def test_the_keywords_of_tune_are_the_fields_of_tune_options() -> None:
 
 
 def test_each_option_has_its_help_its_range_and_its_flag() -> None:
-    for option in OPTIONS:
-        info = about(option)
-        assert info.help.endswith(".") and info.takes, option.name
-        assert info.valid(option.default), option.name  # its default is one of its values
-    table = {f.name: f for f in command_flags()}
-    spelled = {flag_name(o): o for o in OPTIONS if about(o).command_line}
-    assert set(table) == set(spelled) | COMMAND_OWN_FLAGS
-    for name, option in spelled.items():
-        assert table[name].default == option.default and table[name].help == about(option).help
-    assert {o.name for o in OPTIONS if not about(o).command_line} == {"program", "progress"}
+    for option in OPTIONS.values():
+        assert option.help.endswith(".") and option.reader.takes, option.name
+        assert option.check(option.default) == option.default, option.name  # one of its values
+    # Every option is a flag of `xla-streams tune`, the same declaration, but the two the
+    # command finds itself.
+    table = {f.name: f for f in FLAGS}
+    assert set(table) == {o.name for o in OPTION_FLAGS} | COMMAND_OWN_FLAGS
+    assert all(table[o.name] is o for o in OPTION_FLAGS)
+    assert set(OPTIONS) - {o.name for o in OPTION_FLAGS} == {"program", "progress"}
     help_text = io.StringIO()
     assert cli.main(["tune", "--help"], stdout=help_text, stderr=io.StringIO()) == 0
-    assert all(f"--{name}=" in help_text.getvalue() or f"--[no]{name}" in help_text.getvalue()
-               for name in table)  # fmt: skip
+    assert all(f"  {f.usage()}\n" in help_text.getvalue() for f in FLAGS)
+
+
+def test_tune_help_shows_values_as_typed() -> None:
+    help_text = io.StringIO()
+    assert cli.main(["tune", "--help"], stdout=help_text, stderr=io.StringIO()) == 0
+    shown = help_text.getvalue()
+    for typed in (
+        "[--budget-compiles=200]",
+        "--budget-s=SECONDS",
+        "Default: 3600.",
+        "Default: 1,2,4,8.",
+        "--streams=K,...",
+        "--target=h100|h200|a100|b200",
+    ):
+        assert typed in shown, typed
+    # Every default shown reads back, typed as shown in a shell, as the default itself.
+    for flag in FLAGS:
+        default = flag.default_shown()
+        if default is not None:
+            assert f"Default: {default}." in shown, flag.name
+            (typed,) = shlex.split(default)
+            assert flag.read(typed) == flag.default, flag.name
 
 
 def test_the_spellings_of_today_still_work() -> None:
@@ -101,24 +117,30 @@ def test_the_spellings_of_today_still_work() -> None:
 @pytest.mark.parametrize(
     ("keywords", "message"),
     [
-        ({"budget_s": 0}, "budget_s must be a positive number of seconds, not 0"),
-        ({"budget_compiles": 0}, "budget_compiles must be a positive integer, not 0"),
-        ({"budget_compiles": 2.5}, "budget_compiles must be a positive integer, not 2.5"),
-        ({"headroom": 1.0}, "headroom must be a fraction from 0 to 1, not 1.0"),
-        ({"jobs": -1}, "jobs must be an integer from 0 to 256, not -1"),
-        ({"streams": (0,)}, f"streams must be integers from 1 to {MAX_STREAMS}, not (0,)"),
-        ({"streams": ()}, "streams must be integers from 1 to"),
-        ({"levers": ["warp"]}, "levers must be distinct names from: overlap-limit, "),
-        ({"levers": ["overlap-limit", "overlap-limit"]}, "levers must be distinct names"),
-        ({"levers": "overlap-limit"}, "levers must be distinct names"),
-        ({"target": "tpu"}, "target must be one of h100, h200, a100, b200, not 'tpu'"),
-        ({"devices": 0}, "devices must be a positive integer"),
+        ({"budget_s": 0}, "budget_s=0 is not valid: expected a positive number of seconds"),
+        ({"budget_compiles": 0}, "budget_compiles=0 is not valid: expected a positive integer"),
+        ({"budget_compiles": 2.5}, "budget_compiles=2.5 is not valid: expected a positive integer"),
+        ({"headroom": 1.0}, "headroom=1.0 is not valid: expected a fraction from 0 to 1"),
+        ({"jobs": -1}, "jobs=-1 is not valid: expected an integer from 0 to 256"),
+        (
+            {"streams": (0,)},
+            f"streams=(0,) is not valid: expected integers from 1 to {MAX_STREAMS}",
+        ),
+        ({"streams": ()}, "streams=() is not valid: expected integers from 1 to"),
+        (
+            {"levers": ["warp"]},
+            "levers=['warp'] is not valid: expected distinct names from: overlap-limit, ",
+        ),
+        ({"levers": ["overlap-limit", "overlap-limit"]}, "expected distinct names"),
+        ({"levers": "overlap-limit"}, "expected distinct names"),
+        ({"target": "tpu"}, "target='tpu' is not valid: expected one of h100, h200, a100, b200"),
+        ({"devices": 0}, "devices=0 is not valid: expected a positive integer"),
         ({"devices": 70_000}, "at most 65536"),
         ({"devices": 8, "devices_per_host": 16}, "devices_per_host=16 is more than devices=8"),
         ({"devices": 12}, "devices=12 is not a multiple of devices_per_host=8"),
         ({"devices": 24, "hosts_per_domain": 2}, "hosts_per_domain=2 does not divide the 3"),
-        ({"hosts_per_domain": 0}, "hosts_per_domain must be a positive integer"),
-        ({"cache_dir": 3}, "cache_dir must be a path, or False (no cache), not 3"),
+        ({"hosts_per_domain": 0}, "hosts_per_domain=0 is not valid: expected a positive integer"),
+        ({"cache_dir": 3}, "cache_dir=3 is not valid: expected a path, or False (no cache)"),
     ],
 )
 def test_a_bad_option_is_one_tune_error_naming_it(
@@ -130,12 +152,14 @@ def test_a_bad_option_is_one_tune_error_naming_it(
 
 
 def test_a_bad_flag_is_named_as_the_command_line_spells_it() -> None:
-    with pytest.raises(flags.FlagError, match=r"flag --budget-s=0: expected a positive number"):
+    with pytest.raises(flags.FlagError, match=r"^--budget-s=0 is not valid: expected a positive"):
         _cli_options("--budget-s=0")
-    with pytest.raises(flags.FlagError, match=r"flag --streams=1,100: expected integers from 1"):
+    with pytest.raises(flags.FlagError, match=r"^--streams=1,100 is not valid: expected integers"):
         _cli_options("--streams=1,100")
-    with pytest.raises(flags.FlagError, match=r"flag --hosts-per-nvlink-domain=-1: expected"):
+    with pytest.raises(flags.FlagError, match=r"^--hosts-per-nvlink-domain=-1 is not valid"):
         _cli_options("--hosts-per-nvlink-domain=-1")
+    with pytest.raises(flags.FlagError, match=r"^unknown flag '--budget'; did you mean --budget-s"):
+        _cli_options("--budget=60")
 
 
 def test_devices_per_host_defaults_to_eight_or_every_device() -> None:

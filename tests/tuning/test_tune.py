@@ -104,7 +104,7 @@ def test_a_value_never_adds_a_second_flag_to_xla_flags(value: str) -> None:
 
 def test_the_public_name_runs_tune() -> None:
     assert xla_streams.tune is driver.tune
-    with pytest.raises(TuneError, match="devices must be a positive integer"):
+    with pytest.raises(TuneError, match="devices=0 is not valid: expected a positive integer"):
         xla_streams.tune(lambda d: None, devices=0)
 
 
@@ -546,7 +546,10 @@ PROGRAMS = {
         (["other.py", "--program=fsdp_chain"], "not both"),
         (["--program=nope"], "unknown program 'nope'"),
         (["other.py:make", "--devices=12"], "not a multiple of devices_per_host=8"),
-        (["other.py:make", "--devices=8", "--levers=warp"], "--levers=warp: expected distinct"),
+        (
+            ["other.py:make", "--devices=8", "--levers=warp"],
+            "--levers=warp is not valid: expected distinct",
+        ),
         (["other.py:make", "--devices=8", "--target=tpu"], "--target"),
         # Refused before any work: more devices than a tuned topology may hold, ...
         (["other.py:make", "--devices=70000"], "65536"),

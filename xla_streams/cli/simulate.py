@@ -40,11 +40,12 @@ from xla_streams.collectives import (
     MAX_STREAMS,
     POLICIES,
     STREAM_COUNTS,
+    STREAMS,
     Policy,
     StreamModel,
-    streams_from_text,
 )
 from xla_streams.hlo import HloError, Module, parse_module
+from xla_streams.option import Option, boolean, choice, optional, path, text
 from xla_streams.passes.base import Compilation, Fact
 from xla_streams.simulate.calibration import CalibrationError, load_calibration
 from xla_streams.simulate.execution_streams import MULTI_STREAMING_COMMUNICATION_STREAMS
@@ -141,9 +142,9 @@ def parse_streams(text: str | Sequence[int | str]) -> tuple[int, ...]:
         if not item:
             continue
         try:
-            values.append(streams_from_text(item))
+            values.append(STREAMS.read(item))
         except ValueError as e:
-            raise FlagListError(f"--streams: {e}") from None
+            raise FlagListError(f"--streams: '{item}' is not valid: {e}") from None
     if not values:
         raise FlagListError("--streams: give at least one stream count, e.g. 1,2,4,8")
     return tuple(sorted(set(values)))
@@ -424,65 +425,46 @@ def progress_printer(err: TextIO) -> Progress:
 # -- entry points -----------------------------------------------------------------------
 
 
-def command_flags() -> list[flags.Flag]:
-    """The flags of ``xla-streams simulate``."""
-    return [
-        flags.string(
-            "streams", ",".join(map(str, STREAM_COUNTS)),
-            f"Numbers of collective streams K to predict, comma separated (each 1..{MAX_STREAMS})."
-        ),
-        flags.string(
-            "policy", ",".join(POLICIES),
-            f"Assignment policies to predict, comma separated: {', '.join(POLICIES)}."
-        ),
-        flags.string(
-            "trace", None, "Write the predicted timelines as a Chrome/Perfetto trace (JSON) to "
-            "this file; open it in ui.perfetto.dev or TensorBoard."
-        ),
-        flags.string(
-            "html", None, "Write a self-contained HTML report (timelines, tables) to this file."
-        ),
-        flags.enum(
-            "target", "h100", list(TARGETS),
-            "The GPU to predict for (constants: xla_streams/simulate/targets.py)."
-        ),
-        flags.string(
-            "target-file", None, "JSON object overriding fields of --target, e.g. "
-            '{"link_efficiency": 0.7, "devices_per_host": 4}.'
-        ),
-        flags.string(
-            "calibration", None, "A calibration file (schema xla_streams.calibration.v1, as "
-            "tools/gpu_check.py writes it): measured/predicted ratios per kernel class for "
-            "--target."
-        ),
-        flags.string(
-            "perf-table", None, "XLA's collective performance table (the text or binary "
-            "DeviceHloInstructionProfiles that --xla_gpu_experimental_collective_perf_table_path "
-            "takes) to price collectives inside a host from, instead of the table vendored from "
-            "XLA."
-        ),
-        flags.string(
-            "profile", None, "A PGLE profile of this program (ProfiledInstructionsProto, text "
-            "or binary, from jax.experimental.profiler.get_profiled_instructions_proto or "
-            "JAX_ENABLE_PGLE): the instructions it names take their measured time, and the "
-            "output says how much of the step was measured."
-        ),
-        flags.string(
-            "xla-schedule", None, "XLA's latency-hiding schedule of this module (the "
-            "<module>.schedule.txt a compile with xla_dump_to=DIR and "
-            "xla_dump_latency_hiding_schedule=true writes, or DIR): XLA's own estimate of "
-            "the step beside ours, split alike into kernels and exposed communication."
-        ),
-        flags.string(
-            "json", None, f"Also write the prediction as JSON (schema {SCHEMA}) to this file "
-            "('-': standard output).", metavar="FILE"
-        ),
-        *stream_model_flags(),
-        flags.boolean(
-            "progress", None, "Report progress on standard error (default: for inputs over "
-            f"{PROGRESS_BYTES >> 20} MiB)."
-        ),
-    ]  # fmt: skip
+_FILE = optional(path(metavar="FILE"), takes="a path")
+# The flags of ``xla-streams simulate``.
+FLAGS: tuple[Option[Any], ...] = (
+    Option("streams", ",".join(map(str, STREAM_COUNTS)),
+        f"Numbers of collective streams K to predict, comma separated (each 1..{MAX_STREAMS}).",
+        text(metavar="K,...")),
+    Option("policy", ",".join(POLICIES),
+        f"Assignment policies to predict, comma separated: {', '.join(POLICIES)}.",
+        text(metavar="POLICY,...")),
+    Option("trace", None, "Write the predicted timelines as a Chrome/Perfetto trace (JSON) to "
+        "this file; open it in ui.perfetto.dev or TensorBoard.", _FILE),
+    Option("html", None,
+        "Write a self-contained HTML report (timelines, tables) to this file.", _FILE),
+    Option("target", "h100",
+        "The GPU to predict for (constants: xla_streams/simulate/targets.py).",
+        choice(list(TARGETS))),
+    Option("target_file", None, "JSON object overriding fields of --target, e.g. "
+        '{"link_efficiency": 0.7, "devices_per_host": 4}.', _FILE),
+    Option("calibration", None, "A calibration file (schema xla_streams.calibration.v1, as "
+        "tools/gpu_check.py writes it): measured/predicted ratios per kernel class for "
+        "--target.", _FILE),
+    Option("perf_table", None, "XLA's collective performance table (the text or binary "
+        "DeviceHloInstructionProfiles that --xla_gpu_experimental_collective_perf_table_path "
+        "takes) to price collectives inside a host from, instead of the table vendored from "
+        "XLA.", _FILE),
+    Option("profile", None, "A PGLE profile of this program (ProfiledInstructionsProto, text "
+        "or binary, from jax.experimental.profiler.get_profiled_instructions_proto or "
+        "JAX_ENABLE_PGLE): the instructions it names take their measured time, and the "
+        "output says how much of the step was measured.", _FILE),
+    Option("xla_schedule", None, "XLA's latency-hiding schedule of this module (the "
+        "<module>.schedule.txt a compile with xla_dump_to=DIR and "
+        "xla_dump_latency_hiding_schedule=true writes, or DIR): XLA's own estimate of "
+        "the step beside ours, split alike into kernels and exposed communication.",
+        optional(path(metavar="FILE|DIR"), takes="a path")),
+    Option("json", None, f"Also write the prediction as JSON (schema {SCHEMA}) to this file "
+        "('-': standard output).", _FILE),
+    *stream_model_flags(),
+    Option("progress", None, "Report progress on standard error (default: for inputs over "
+        f"{PROGRESS_BYTES >> 20} MiB).", optional(boolean(), takes="true or false")),
+)  # fmt: skip
 
 
 def run_cli(args: CliArgs) -> int:
@@ -496,12 +478,12 @@ def run_cli(args: CliArgs) -> int:
         ks = parse_streams(args.flag("streams"))
         ps = parse_policies(args.flag("policy"))
         target = resolve_target(
-            args.flag("target"), args.flag("target-file"), args.flag("calibration")
+            args.flag("target"), args.flag("target_file"), args.flag("calibration")
         )
     except (FlagListError, TargetError, CalibrationError) as e:
         raise flags.FlagError(str(e)) from None
-    table_path, profile_path = args.flag("perf-table"), args.flag("profile")
-    schedule_path = args.flag("xla-schedule")
+    table_path, profile_path = args.flag("perf_table"), args.flag("profile")
+    schedule_path = args.flag("xla_schedule")
     try:
         if table_path:
             target = use_perf_table(target, table_path)

@@ -1,33 +1,22 @@
-"""Command-line flags shared by several ``xla-streams`` commands (one definition each)."""
+"""The flags that say how a module was compiled (a StreamModel), shared by several
+``xla-streams`` commands: the options of the find-async-pairs pass, which reads them."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from xla_streams.cli import flags
 from xla_streams.collectives import StreamModel
-from xla_streams.xla_options import OVERLAP_LIMIT
+from xla_streams.option import Option, options_of
+from xla_streams.pipeline import pass_class
 
 
-def stream_model_flags() -> list[flags.Flag]:
+def stream_model_flags() -> list[Option[Any]]:
     """--overlap-limit and --sync-on-compute: how the module was compiled (StreamModel)."""
-    return [
-        flags.integer(
-            "overlap-limit", None,
-            f"The {OVERLAP_LIMIT} the module was compiled with. It decides where XLA 0.10's "
-            "sync collectives run: 1, the compute stream; above 1 (and by default, the safe "
-            "assumption), communication stream 0.",
-            lower=1,
-        ),
-        flags.boolean(
-            "sync-on-compute", False,
-            "The module comes from jax >= 0.11, which runs sync collectives on the compute "
-            "stream at every overlap limit.",
-        ),
-    ]  # fmt: skip
+    declared = options_of(pass_class("find-async-pairs"))
+    return [declared["overlap_limit"], declared["sync_on_compute"]]
 
 
 def stream_model(flag: Callable[[str], Any]) -> StreamModel:
     """The StreamModel that the flags of :func:`stream_model_flags` describe."""
-    return StreamModel(flag("overlap-limit") or 0, flag("sync-on-compute"))
+    return StreamModel(flag("overlap_limit"), flag("sync_on_compute"))

@@ -12,106 +12,58 @@ StableHLO (a dump file, or ``lowered.as_text(debug_info=True)`` saved): the
 program's Python is not needed.
 
 The command lives here so that ``cli/__init__.py`` only registers it
-(:func:`command_flags`, :func:`run_command`); the tuner is :mod:`xla_streams.tuning`.
-Its flags are the fields of :class:`~xla_streams.tuning.options.TuneOptions` (name,
-default, help, values: :func:`option_flag`), and a few of its own (the program, the
-output files, the progress lines). Importing this module imports no JAX: the
-compiles do, once the command runs.
+(:data:`FLAGS`, :func:`run_command`); the tuner is :mod:`xla_streams.tuning`.
+Its flags are the options of :class:`~xla_streams.tuning.options.TuneOptions`
+(:data:`OPTION_FLAGS`: their declarations, under their flags), and a few of its
+own (the program, the output files, the progress lines). Importing this module
+imports no JAX: the compiles do, once the command runs.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from xla_streams.cli import flags
+from xla_streams.option import Option, boolean, optional, path, text
 from xla_streams.programs import PROGRAMS
 from xla_streams.tuning.driver import ensure_deviceless, load_builder, tune, tune_path
-from xla_streams.tuning.options import OPTIONS, TuneOptions, about
+from xla_streams.tuning.options import OPTIONS, TuneOptions
 from xla_streams.tuning.result import SCHEMA, TuneError, TuneResult
 
 __all__ = [
+    "FLAGS",
+    "OPTION_FLAGS",
     "TuneError",
     "TuneUsageError",
-    "command_flags",
-    "option_flag",
-    "option_values",
     "run_command",
 ]
 
 STDIO = "-"
-# The options a command line can spell (not a stream to write to, nor a name the
-# command finds itself).
-_SPELLED = tuple(option for option in OPTIONS if about(option).command_line)
-_read_integer = flags.integer("n", None, "").read  # the flags' reader of a whole number
-
-
-def command_flags() -> list[flags.Flag]:
-    """The flags of ``xla-streams tune``."""
-    return [
-        flags.string(
-            "program", None, "An embedded program (xla_streams/programs.py) to tune instead of "
-            "PROGRAM.py; its own device counts are the defaults."
-        ),
-        *(option_flag(option) for option in _SPELLED),
-        flags.string(
-            "json", None, f"Also write the result (schema {SCHEMA}) to this file ('-': standard "
-            "output); XLA_STREAMS_CONFIG=FILE applies it.", metavar="FILE"
-        ),
-        flags.string(
-            "hlo", None, "Also write the recommendation's scheduled module (HLO text) to this "
-            "file, e.g. for `xla-streams simulate --html`."
-        ),
-        flags.boolean("progress", True, "Report progress on standard error."),
-    ]  # fmt: skip
-
-
-def flag_name(option: dataclasses.Field[Any]) -> str:
-    """``--budget-s`` for ``budget_s``, unless the option names its flag itself."""
-    return about(option).flag or option.name.replace("_", "-")
-
-
-def option_flag(option: dataclasses.Field[Any]) -> flags.Flag:
-    """The flag of one field of TuneOptions: its name with dashes, its default and help,
-    its text read as its kind says, and refused, naming the flag, where the option
-    would refuse the value."""
-    info = about(option)
-    name = flag_name(option)
-    default: Any = option.default  # every option has one
-    if info.kind == "switch":
-        plain = flags.boolean(name, default, info.help)
-    elif info.choices:
-        plain = flags.enum(name, default, info.choices, info.help)
-    elif info.kind == "integer":
-        plain = flags.integer(name, default, info.help)
-    elif info.kind == "number":
-        plain = flags.real(name, default, info.help, lower=-math.inf)  # the option bounds it
-    elif info.kind == "names":
-        plain = flags.names(name, default, info.help)
-    elif info.kind == "integers":
-        plain = dataclasses.replace(flags.names(name, default, info.help), metavar="N,...")
-    else:
-        plain = flags.string(name, default, info.help)
-    words = dict(info.words)
-
-    def read(text: str) -> Any:
-        value: Any = words[text] if text in words else plain.read(text)
-        if info.kind == "integers":
-            value = [_read_integer(item) for item in value]
-        if not info.valid(value):
-            raise ValueError(f"expected {info.takes}")
-        return value
-
-    return dataclasses.replace(plain, read=read)
+# The options of the tuner a command line spells: all but the program's name and the
+# stream to write to, which the command finds itself (--program names an embedded
+# program, --progress says whether to report).
+OPTION_FLAGS = tuple(o for o in OPTIONS.values() if o.name not in ("program", "progress"))
+_FILE = optional(path(metavar="FILE"), takes="a path")
+FLAGS: tuple[Option[Any], ...] = (
+    Option("program", None,
+        "An embedded program (xla_streams/programs.py) to tune instead of PROGRAM.py; its own "
+        "device counts are the defaults.", optional(text(metavar="NAME"), takes="a name")),
+    *OPTION_FLAGS,
+    Option("json", None,
+        f"Also write the result (schema {SCHEMA}) to this file ('-': standard output); "
+        "XLA_STREAMS_CONFIG=FILE applies it.", _FILE),
+    Option("hlo", None,
+        "Also write the recommendation's scheduled module (HLO text) to this file, e.g. for "
+        "`xla-streams simulate --html`.", _FILE),
+    Option("progress", True, "Report progress on standard error.", boolean()),
+)  # fmt: skip
 
 
 def option_values(flag: Callable[[str], Any]) -> dict[str, Any]:
     """The options the flags give (``flag(name)`` reads one), by field of TuneOptions."""
-    return {option.name: flag(flag_name(option)) for option in _SPELLED}
+    return {o.name: flag(o.name) for o in OPTION_FLAGS}
 
 
 class TuneUsageError(TuneError):

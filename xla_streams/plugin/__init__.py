@@ -43,6 +43,7 @@ from typing import Any
 from xla_streams import __version__, _log, jax_compat, runtime, xla_options
 from xla_streams._log import logger
 from xla_streams.collectives import DEFAULT_STREAMS, StreamModel
+from xla_streams.environment import unknown
 from xla_streams.plugin import cache, hook
 from xla_streams.plugin.settings import Config, ConfigError, ignored_env
 from xla_streams.runtime.abi import ABI_VERSION
@@ -121,8 +122,10 @@ def initialize() -> None:
 
 
 def _initialize() -> None:
-    config = Config.from_env()
+    config = Config.from_env()  # with the plugin on, an unknown variable is an error
     if config is None:
+        for misspelled in unknown().values():
+            logger.warning("ignored: %s", misspelled)
         ignored = ignored_env()
         if ignored and _state.config is None:
             logger.warning(
@@ -181,7 +184,7 @@ def enable(
     }
     if collective_streams is None and pipeline is None and config is None:
         values["collective_streams"] = DEFAULT_STREAMS
-    settings = Config.from_values(values, "kwarg")
+    settings = Config.from_values(values, "keyword")
     assert settings is not None
     return _activate(settings, "enable()")
 

@@ -11,32 +11,27 @@ does, with a message naming the flag and the accepted values.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from absl import flags
 
 from xla_streams import plugin
-from xla_streams.plugin.settings import FLAG_PREFIX, SETTINGS, Config, ConfigError, spelled
+from xla_streams.environment import FLAG_PREFIX
+from xla_streams.plugin.settings import SETTINGS, Config, ConfigError
 
-FLAG_NAMES = tuple(FLAG_PREFIX + s.name for s in SETTINGS)
+FLAG_NAMES = tuple(s.flag for s in SETTINGS)
 
 # Strings, not typed flags, so that every bad value gets the same message as the
 # environment variable would (absl's own messages do not list accepted values).
 for _setting in SETTINGS:
-    flags.DEFINE_string(
-        FLAG_PREFIX + _setting.name, None, _setting.help[0].upper() + _setting.help[1:] + "."
-    )
+    flags.DEFINE_string(_setting.flag, None, _setting.help_line())
 
 
 def config_from_flags(
     values: dict[str, Any], environ: dict[str, str] | None = None
 ) -> Config | None:
     """The settings of the given flag values over the ``XLA_STREAMS_*`` environment."""
-    environ = dict(os.environ) if environ is None else environ
-    env_values = {s.name: environ.get(spelled(s.name, "env"), "").strip() or None for s in SETTINGS}
-    flag_values = {s.name: values.get(FLAG_PREFIX + s.name) for s in SETTINGS}
-    return Config.from_layers([(env_values, "env"), (flag_values, "flag")])
+    return Config.from_env(environ, {s.name: values.get(s.flag) for s in SETTINGS})
 
 
 def _apply(values: dict[str, Any]) -> bool:

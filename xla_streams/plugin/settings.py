@@ -1,17 +1,22 @@
-"""The plugin's settings, in one place: the table :data:`SETTINGS` and a frozen, validated
-:class:`Config`.
+"""The plugin's settings: a frozen, validated :class:`Config`, read from the settings
+of :mod:`xla_streams.environment`, the table of every variable.
 
 A Config comes from one of three sources, each with its own spelling of a
 setting, so that an error names what the user actually wrote: the environment
 (``XLA_STREAMS_POLICY``), absl flags (``--xla_streams_policy``) or keywords of
-:func:`xla_streams.enable` (``policy=``). Every setting is in :data:`SETTINGS`
-with its help text, which ``xla_streams.plugin.flags`` and the README use.
+:func:`xla_streams.enable` (``policy=``). Each value is read by its setting's
+declaration (its reader: type and range); here the values become what the plugin
+uses: a pipeline spec is parsed, a tune result loaded, a performance table checked.
 
 The plugin is on when ``collective_streams``, ``pipeline`` or ``config`` (a
 ``xla-streams tune`` result) is given. An explicit pipeline must agree with
 ``collective_streams``/``policy``/``mode`` where it says them, and options it
-does not write take their values from them. This module imports neither JAX
-nor the passes until a pipeline spec or a tune file has to be read.
+does not write take their values from them. An ``XLA_STREAMS_*`` variable that is
+not in the table stops the program when the plugin is on, as a bad value does: it is
+most likely a misspelled setting, and the program would run with other settings
+than the user asked for (:func:`ignored_env` names it for a warning while the
+plugin is off). This module imports neither JAX nor the passes until a pipeline
+spec or a tune file has to be read.
 """
 
 from __future__ import annotations
@@ -20,35 +25,26 @@ import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from xla_streams.collectives import (
-    DEFAULT_POLICY,
-    MAX_STREAMS,
-    POLICIES,
-    STREAMS_EXPECTED,
-    Policy,
-    check_streams,
-    streams_from_text,
+from xla_streams.collectives import DEFAULT_POLICY, Policy
+from xla_streams.environment import (
+    LOG_LEVELS,
+    MODES,
+    OTHER_VARIABLES,
+    SETTINGS,
+    SWITCHES,
+    LogLevel,
+    Mode,
+    unknown,
 )
+from xla_streams.option import Option, OptionError, Source
 from xla_streams.passes.base import PipelineError
 from xla_streams.pipeline import PipelineSpec
-from xla_streams.runtime.abi import DEFAULT_TIMEOUT_S, checked_timeout, read_timeout
+from xla_streams.runtime.abi import DEFAULT_TIMEOUT_S
 from xla_streams.tuning.result import TuneError, load_tune_result
 
-# native: XLA runs each annotated collective on its own communication_stream[k].
-# ffi: our custom calls run them (CUDA streams + NCCL, or host worker threads).
-Mode = Literal["native", "ffi"]
-MODES: tuple[Mode, ...] = ("native", "ffi")
-LogLevel = Literal["warning", "info", "debug"]
-LOG_LEVELS: tuple[LogLevel, ...] = ("warning", "info", "debug")
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
-BOOL_VALUES = ", ".join(v for pair in zip(_TRUE, _FALSE, strict=True) for v in pair)
-
-ENV_PREFIX = "XLA_STREAMS_"
-FLAG_PREFIX = "xla_streams_"
-Source = Literal["env", "flag", "kwarg"]
+BY_NAME = {s.name: s for s in SETTINGS}
 
 
 class ConfigError(ValueError):
@@ -57,15 +53,6 @@ class ConfigError(ValueError):
     def __init__(self, setting: str, message: str) -> None:
         super().__init__(message)
         self.setting = setting
-
-
-def spelled(setting: str, source: Source) -> str:
-    """``XLA_STREAMS_POLICY``, ``--xla_streams_policy`` or ``policy``: ``setting`` in ``source``."""
-    if source == "env":
-        return ENV_PREFIX + setting.upper()
-    if source == "flag":
-        return "--" + FLAG_PREFIX + setting
-    return setting
 
 
 @dataclass(frozen=True)
@@ -93,8 +80,18 @@ class Config:
     def __post_init__(self) -> None:
         # Direct construction gets the same checks as the builders, named by keyword.
         for setting in SETTINGS:
-            if setting.check is not None:
-                setting.check(getattr(self, setting.name), f"{setting.name}=")
+            value = getattr(self, setting.name)
+            if setting.name == "pipeline":
+                if value is not None and not isinstance(value, PipelineSpec):
+                    raise ConfigError(
+                        "pipeline", f"pipeline={value!r} is not a PipelineSpec: give the text "
+                        "to enable()",
+                    )  # fmt: skip
+            elif value is not None or setting.name == "collective_streams":
+                try:
+                    object.__setattr__(self, setting.name, setting.check(value))
+                except OptionError as e:
+                    raise ConfigError(setting.name, str(e)) from None
         _checked_xla_options(self.xla_options, "xla_options: ")
         if self.report_html and self.report_dir is None:
             raise ConfigError(
@@ -125,14 +122,28 @@ class Config:
     # -- builders -----------------------------------------------------------------
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Config | None:
-        """The settings of the ``XLA_STREAMS_*`` variables; None when the plugin is off.
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, flags: Mapping[str, Any] | None = None
+    ) -> Config | None:
+        """The settings of the ``XLA_STREAMS_*`` variables, and of absl's ``flags`` (by
+        setting, over the variables); None when the plugin is off.
 
-        Empty variables count as unset. Raises ConfigError naming the variable.
+        Empty variables count as unset. Raises ConfigError naming the variable: a bad
+        value of any variable of the table (the runtime's too, read later), or, with the
+        plugin on, a variable that is not in the table.
         """
         environ = os.environ if environ is None else environ
-        raw = {s.name: environ.get(spelled(s.name, "env"), "").strip() for s in SETTINGS}
-        return cls.from_values({s: v for s, v in raw.items() if v}, "env")
+        config = cls.from_layers([(env_values(environ), "env"), (flags or {}, "flag")])
+        for variable in OTHER_VARIABLES:  # read later, where used: a bad value stops us now
+            try:
+                variable.from_env(environ)
+            except OptionError as e:
+                raise ConfigError(variable.name, str(e)) from None
+        misspelled = unknown(environ)
+        if config is not None and misspelled:
+            name, message = next(iter(misspelled.items()))
+            raise ConfigError(name, message)
+        return config
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any], source: Source) -> Config | None:
@@ -160,141 +171,35 @@ class Config:
             for setting, value in values.items():
                 if value is None:
                     continue
-                parsed[setting] = _parse(setting, value, spelled(setting, source))
+                parsed[setting] = _read(BY_NAME[setting], value, source)
                 origin[setting] = source
-        if not {"collective_streams", "pipeline", "config"} & set(parsed):
+        if not SWITCHES & set(parsed):
             return None
         _apply_tune_file(parsed, origin)
         _reconcile_pipeline(parsed, origin)
         return cls(**parsed)
 
 
-def ignored_env(environ: Mapping[str, str] | None = None) -> list[str]:
-    """``XLA_STREAMS_*`` variables that are set while the plugin is off (for a warning)."""
+def env_values(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The settings the ``XLA_STREAMS_*`` variables give, as text, by name (empty: unset)."""
     environ = os.environ if environ is None else environ
-    return [
-        spelled(s.name, "env")
-        for s in SETTINGS
-        if s.name not in ("collective_streams", "pipeline", "config")
-        and environ.get(spelled(s.name, "env"), "").strip()
-    ]
+    return {s.name: value for s in SETTINGS if (value := environ.get(s.env or "", "").strip())}
 
 
-# -- parsing each setting ---------------------------------------------------------------
+def ignored_env(environ: Mapping[str, str] | None = None) -> list[str]:
+    """``XLA_STREAMS_*`` settings that are set while the plugin is off (for a warning)."""
+    given = env_values(environ)
+    return [s.env or "" for s in SETTINGS if s.name in given and s.name not in SWITCHES]
 
 
-def _parse_streams(value: Any, name: str) -> int:
+# -- what a value becomes -----------------------------------------------------------------
+
+
+def _pipeline(text: str, shown: str) -> PipelineSpec:
     try:
-        return streams_from_text(value) if isinstance(value, str) else check_streams(value)
-    except ValueError:
-        raise _bad_streams(value, name) from None
-
-
-def _check_streams(value: Any, name: str) -> None:
-    try:
-        check_streams(value)
-    except ValueError:
-        raise _bad_streams(value, name) from None
-
-
-def _bad_streams(value: Any, name: str) -> ConfigError:
-    return ConfigError(
-        "collective_streams", f"{_shown(name, value)} is not valid: expected {STREAMS_EXPECTED}"
-    )
-
-
-def _choice(
-    accepted: tuple[str, ...],
-) -> tuple[Callable[[Any, str], Any], Callable[[Any, str], None]]:
-    """(parse, check) for a setting that is one of ``accepted``, case-insensitively."""
-
-    def check(value: Any, name: str) -> None:
-        if value not in accepted:
-            raise ConfigError(
-                _setting_of(name),
-                f"{_shown(name, value)} is not valid; accepted values: {', '.join(accepted)}",
-            )
-
-    def parse(value: Any, name: str) -> Any:
-        text = value.strip().lower() if isinstance(value, str) else value
-        check(text, name)
-        return text
-
-    return parse, check
-
-
-def _parse_bool(value: Any, name: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ConfigError(
-        _setting_of(name), f"{_shown(name, value)} is not valid; accepted values: {BOOL_VALUES}"
-    )
-
-
-def _check_bool(value: Any, name: str) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(
-            _setting_of(name), f"{_shown(name, value)} is not valid: expected True or False"
-        )
-
-
-# A number of seconds as text: ASCII digits, a point, an exponent (float() would also
-# take other scripts' digits, "1_0", "inf").
-_SECONDS = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-
-
-def _parse_timeout(value: Any, name: str) -> float:
-    number = value
-    if isinstance(value, str) and not _SECONDS.fullmatch(value.strip()):
-        number = "nan"  # fails the check below, with its message
-    try:
-        return read_timeout(number, _shown(name, value))
-    except ValueError as e:
-        raise ConfigError("timeout_s", str(e)) from None
-
-
-def _check_timeout(value: Any, name: str) -> None:
-    try:
-        checked_timeout(value, _shown(name, value))
-    except ValueError as e:
-        raise ConfigError("timeout_s", str(e)) from None
-
-
-def _parse_path(setting: str, must_be: Literal["directory", "file"]) -> Callable[[Any, str], str]:
-    def parse(value: Any, name: str) -> str:
-        if not isinstance(value, str | os.PathLike):
-            raise ConfigError(setting, f"{_shown(name, value)} is not a path")
-        path = os.path.abspath(os.path.expanduser(os.fspath(value)))
-        if must_be == "directory" and os.path.exists(path) and not os.path.isdir(path):
-            raise ConfigError(setting, f"{_shown(name, value)} is not valid: not a directory")
-        if must_be == "file" and not os.path.isfile(path):
-            raise ConfigError(setting, f"{_shown(name, value)} is not valid: no such file")
-        return path
-
-    return parse
-
-
-def _parse_pipeline(value: Any, name: str) -> PipelineSpec:
-    if isinstance(value, PipelineSpec):
-        return value
-    if not isinstance(value, str):
-        raise ConfigError("pipeline", f"{_shown(name, value)} is not a pipeline spec")
-    try:
-        return PipelineSpec.parse(value)
+        return PipelineSpec.parse(text)
     except PipelineError as e:
-        raise ConfigError("pipeline", f"{_shown(name, value)} is not valid: {e}") from None
-
-
-def _check_pipeline(value: Any, name: str) -> None:
-    if value is not None and not isinstance(value, PipelineSpec):
-        raise ConfigError(
-            "pipeline", f"{_shown(name, value)} is not a PipelineSpec: give the text to enable()"
-        )
+        raise ConfigError("pipeline", f"{shown} is not valid: {e}") from None
 
 
 # What XLA_FLAGS cannot carry in a path: it splits its value at whitespace, and the
@@ -302,14 +207,14 @@ def _check_pipeline(value: Any, name: str) -> None:
 _UNSAFE_IN_XLA_FLAGS = frozenset(" \t\n\r\v\f'\"\\")
 
 
-def _parse_perf_table(value: Any, name: str) -> str:
-    """An existing file that parses as XLA's collective performance table (text or
-    binary) and that XLA can read, as an absolute path that XLA_FLAGS can carry."""
-    path = _parse_path("perf_table", "file")(value, name)
+def _perf_table(path: str, shown: str) -> str:
+    """An existing file (the setting's reader says so) that parses as XLA's collective
+    performance table (text or binary) and that XLA can read, as an absolute path
+    that XLA_FLAGS can carry."""
     if any(c in _UNSAFE_IN_XLA_FLAGS for c in path):
         raise ConfigError(
             "perf_table",
-            f"{_shown(name, value)} is not valid: XLA_FLAGS cannot carry a path with spaces, "
+            f"{shown} is not valid: XLA_FLAGS cannot carry a path with spaces, "
             "quotes or backslashes; link or copy the table to a plain path",
         )
     # Not at module level: this module must not import the simulator (and the passes)
@@ -320,114 +225,40 @@ def _parse_perf_table(value: Any, name: str) -> str:
         load_perf_table(path)
         check_xla_can_read(path)
     except PerfTableError as e:
-        raise ConfigError("perf_table", f"{_shown(name, value)} is not valid: {e}") from None
+        raise ConfigError("perf_table", f"{shown} is not valid: {e}") from None
     return path
 
 
-def _check_perf_table(value: Any, name: str) -> None:
-    if value is not None and not (isinstance(value, str) and os.path.isfile(value)):
-        raise ConfigError(
-            "perf_table", f"{_shown(name, value)} is not the path of a performance table"
-        )
+# The settings whose value, once read, becomes more than the text: (value, how the user
+# wrote it) -> what the Config holds.
+_BECOMES: dict[str, Callable[[Any, str], Any]] = {
+    "pipeline": _pipeline,
+    "perf_table": _perf_table,
+}
 
 
-@dataclass(frozen=True)
-class Setting:
-    """One setting: its name (``XLA_STREAMS_<NAME>``, ``--xla_streams_<name>``,
-    ``enable(<name>=)``), what it does, how a text or Python value is read,
-    and how a value given to ``Config`` directly is checked."""
-
-    name: str
-    help: str
-    parse: Callable[[Any, str], Any]
-    check: Callable[[Any, str], None] | None = None
-
-
-_POLICY = _choice(POLICIES)
-_MODE = _choice(MODES)
-_LOG = _choice(LOG_LEVELS)
-
-SETTINGS: tuple[Setting, ...] = (
-    Setting(
-        "collective_streams",
-        f"turn the plugin on with K collective streams (1..{MAX_STREAMS})",
-        _parse_streams,
-        _check_streams,
-    ),
-    Setting(
-        "policy",
-        f"how a collective picks its stream: {', '.join(POLICIES)} (default {DEFAULT_POLICY})",
-        *_POLICY,
-    ),
-    Setting(
-        "mode",
-        "native (default): XLA runs each annotated collective on its own communication "
-        "stream; ffi: our custom calls run them",
-        *_MODE,
-    ),
-    Setting(
-        "pipeline",
-        "an explicit pass pipeline, e.g. "
-        "'find-async-pairs,assign-streams{streams=4},verify-streams,annotate-streams'",
-        _parse_pipeline,
-        _check_pipeline,
-    ),
-    Setting(
-        "report_dir",
-        "write <module>.<fingerprint>.json/.txt per compiled module with collectives, and "
-        "index.json/index.txt, here",
-        _parse_path("report_dir", "directory"),
-    ),
-    Setting(
-        "report_html",
-        f"also a Perfetto trace and an HTML timeline per report ({BOOL_VALUES})",
-        _parse_bool,
-        _check_bool,
-    ),
-    Setting(
-        "strict",
-        f"an internal error fails the compile instead of leaving the module unchanged "
-        f"({BOOL_VALUES})",
-        _parse_bool,
-        _check_bool,
-    ),
-    Setting(
-        "log",
-        f"what the plugin prints: {', '.join(LOG_LEVELS)} (default info: the start-up line "
-        "and, with reports on, one line per module)",
-        *_LOG,
-    ),
-    Setting(
-        "timeout_s",
-        "ffi mode: a collective stuck this many seconds fails, naming it (default "
-        f"{DEFAULT_TIMEOUT_S:g}, at most 7 days)",
-        _parse_timeout,
-        _check_timeout,
-    ),
-    Setting(
-        "config",
-        "a result of `xla-streams tune --json`: its XLA options, K and policy",
-        _parse_path("config", "file"),
-    ),
-    Setting(
-        "perf_table",
-        "XLA's collective performance table (its collective_perf_table format, text or "
-        "binary), checked at start-up: XLA's scheduler gets it as "
-        "--xla_gpu_experimental_collective_perf_table_path (unless XLA_FLAGS sets that) and "
-        "the HTML reports price collectives from it",
-        _parse_perf_table,
-        _check_perf_table,
-    ),
-    Setting(
-        "ignore_max_connections",
-        "keep K collective streams under CUDA_DEVICE_MAX_CONNECTIONS=1, which puts every CUDA "
-        "stream on one hardware queue, where collectives on several streams can deadlock (by "
-        f"default the plugin then keeps one; {BOOL_VALUES})",
-        _parse_bool,
-        _check_bool,
-    ),
-)
-BY_NAME = {s.name: s for s in SETTINGS}
+def _read(setting: Option[Any], value: Any, source: Source) -> Any:
+    """``value`` of ``setting`` as ``source`` gives it (text; a Python value from a
+    keyword), as the Config holds it. A value it does not take is a ConfigError naming
+    it; so is anything else that goes wrong (a bug, RecursionError, MemoryError), so
+    that a bad value always stops the program the same way."""
+    if value is None:
+        return None
+    try:
+        if setting.name == "pipeline" and isinstance(value, PipelineSpec):
+            return value
+        read = setting.check(value) if source == "keyword" else setting.read(value, source)
+        becomes = _BECOMES.get(setting.name)
+        return read if becomes is None else becomes(read, setting.shown(value, source))
+    except ConfigError:
+        raise
+    except OptionError as e:
+        raise ConfigError(setting.name, str(e)) from None
+    except Exception as e:
+        shown = setting.shown(value, source)
+        if len(shown) > 200:
+            shown = shown[:197] + "..."
+        raise ConfigError(setting.name, f"{shown} cannot be read: {_reason(e)}") from None
 
 
 def _apply_tune_file(parsed: dict[str, Any], origin: Mapping[str, Source]) -> None:
@@ -435,7 +266,7 @@ def _apply_tune_file(parsed: dict[str, Any], origin: Mapping[str, Source]) -> No
     path = parsed.get("config")
     if path is None:
         return
-    name = spelled("config", origin["config"])
+    name = BY_NAME["config"].spelled(origin["config"])
     try:
         best = load_tune_result(path).best
     except TuneError as e:  # it names the file and the field
@@ -445,9 +276,12 @@ def _apply_tune_file(parsed: dict[str, Any], origin: Mapping[str, Source]) -> No
             "config", f"{name}: {path}: cannot read the tune result: {_reason(e)}"
         ) from None
     where = f"{name}: {path}: best."
-    _check_streams(best.streams, f"{where}streams=")
-    policy = BY_NAME["policy"].parse(best.policy, f"{where}policy=")
-    parsed.setdefault("collective_streams", best.streams)
+    try:
+        streams = BY_NAME["collective_streams"].check(best.streams, f"{where}streams")
+        policy = BY_NAME["policy"].check(best.policy, f"{where}policy")
+    except OptionError as e:
+        raise ConfigError("config", str(e)) from None
+    parsed.setdefault("collective_streams", streams)
     parsed.setdefault("policy", policy)
     parsed["xla_options"] = _checked_xla_options(best.xla_flags, f"{where}xla_flags.")
 
@@ -483,19 +317,19 @@ def _reconcile_pipeline(parsed: dict[str, Any], origin: Mapping[str, Source]) ->
     spec = parsed.get("pipeline")
     if spec is None:
         return
-    name = spelled("pipeline", origin["pipeline"])
+    name = BY_NAME["pipeline"].spelled(origin["pipeline"])
     for setting, option in (("collective_streams", "streams"), ("policy", "policy")):
-        written = spec.written("assign-streams", option)
+        written = spec.written("assign-streams", option)  # read by the pass's own options
         if len(written) > 1:
             raise ConfigError("pipeline", f"{name}: its assign-streams passes disagree on {option}")
         if not written:
             continue
-        value = BY_NAME[setting].parse(written.pop(), f"{name}: {option}=")
+        value = written.pop()
         if setting in parsed and parsed[setting] != value:
             raise ConfigError(
                 "pipeline",
                 f"{name} says {option}={value} but "
-                f"{spelled(setting, origin[setting])}={parsed[setting]}; "
+                f"{BY_NAME[setting].spelled(origin[setting])}={parsed[setting]}; "
                 "give one of them, or make them agree",
             )
         parsed[setting] = value
@@ -507,7 +341,7 @@ def _reconcile_pipeline(parsed: dict[str, Any], origin: Mapping[str, Source]) ->
         raise ConfigError(
             "pipeline",
             f"{name} has {what}, which needs mode {mode}, but "
-            f"{spelled('mode', origin['mode'])}={parsed['mode']}; drop one of them",
+            f"{BY_NAME['mode'].spelled(origin['mode'])}={parsed['mode']}; drop one of them",
         )
     if mode is not None:
         parsed["mode"] = mode
@@ -516,23 +350,8 @@ def _reconcile_pipeline(parsed: dict[str, Any], origin: Mapping[str, Source]) ->
             "pipeline",
             f"{name} has no assign-streams pass with streams=, so it does not say how many "
             f"collective streams the executable needs: also set "
-            f"{spelled('collective_streams', origin['pipeline'])}",
+            f"{BY_NAME['collective_streams'].spelled(origin['pipeline'])}",
         )
-
-
-def _parse(setting: str, value: Any, name: str) -> Any:
-    """``value`` of ``setting`` (spelled ``name``) as read by its parser; anything but a
-    ConfigError the parser raises (a bug, RecursionError, MemoryError) becomes one
-    naming the setting, so a bad value always stops the program the same way."""
-    try:
-        return BY_NAME[setting].parse(value, name)
-    except ConfigError:
-        raise
-    except Exception as e:
-        shown = _shown(name, value)
-        if len(shown) > 200:
-            shown = shown[:197] + "..."
-        raise ConfigError(setting, f"{shown} cannot be read: {_reason(e)}") from None
 
 
 def _reason(e: BaseException) -> str:
@@ -542,31 +361,15 @@ def _reason(e: BaseException) -> str:
     return reason if len(reason) <= 300 else reason[:297] + "..."
 
 
-def _shown(name: str, value: Any) -> str:
-    """``XLA_STREAMS_POLICY='x'``, ``--xla_streams_policy=x`` or ``policy='x'``."""
-    if name.startswith("--"):
-        return f"{name}={value}"
-    if name.endswith("="):
-        return f"{name}{value!r}"
-    if name.isupper():
-        return f"{name}={str(value)!r}"
-    return f"{name}={value!r}"
-
-
-def _setting_of(name: str) -> str:
-    bare = name.lstrip("-").rstrip("=").lower()
-    for prefix in (FLAG_PREFIX, ENV_PREFIX.lower()):
-        bare = bare.removeprefix(prefix)
-    return bare
-
-
 __all__ = [
     "BY_NAME",
+    "LOG_LEVELS",
     "MODES",
     "SETTINGS",
     "Config",
     "ConfigError",
+    "LogLevel",
     "Mode",
+    "env_values",
     "ignored_env",
-    "spelled",
 ]

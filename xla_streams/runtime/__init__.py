@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from xla_streams import jax_compat
+from xla_streams import environment, jax_compat
 from xla_streams.runtime.abi import (
     BACKENDS,
     DEFAULT_TIMEOUT_S,
@@ -165,7 +165,7 @@ def configure_cuda(lib: ctypes.CDLL, platform: str = "gpu") -> None:
 
     lib.xs_cuda_set_stream_priority.argtypes = [ctypes.c_char_p]
     lib.xs_cuda_set_global_id.argtypes = [ctypes.c_int, ctypes.c_int64]
-    set_stream_priority(os.environ.get("XLA_STREAMS_CUDA_STREAM_PRIORITY", "high"), lib)
+    set_stream_priority(environment.CUDA_STREAM_PRIORITY.from_env(), lib)
     client = jax_compat.distributed_client()
     if client is None:
         return  # one process: device ids are ordinals, NCCL ids are shared in-process

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xla_streams._log import logger
+from xla_streams.environment import CACHE_DIR
 from xla_streams.runtime.errors import BuildError
 
 # -O3: the host runtime's reduction loops are vectorised (GCC 12 leaves them alone at -O2).
@@ -84,7 +85,7 @@ def source_dir() -> Path:
 
 def cache_dir() -> Path:
     """Where built libraries go: ``$XLA_STREAMS_CACHE_DIR`` or ``~/.cache/xla_streams``."""
-    if env := os.environ.get("XLA_STREAMS_CACHE_DIR"):
+    if env := CACHE_DIR.from_env():
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "xla_streams"

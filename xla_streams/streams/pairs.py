@@ -40,6 +40,7 @@ from xla_streams.hlo.attributes import (
     parse_frontend_attributes,
 )
 from xla_streams.hlo.text import excerpt
+from xla_streams.option import ascii_integer
 
 _DONE_OF_SEND_RECV = {"send-done": "send", "recv-done": "recv"}
 _SEND_RECV = frozenset(_DONE_OF_SEND_RECV.values())
@@ -671,11 +672,12 @@ def _channel(op: Instruction) -> int | None:
     value = op.attribute("channel_id")
     if value is None:
         return None
-    if not (value.isascii() and value.isdigit()) or len(value) > 18:
+    try:
+        return ascii_integer(value, signed=False)
+    except ValueError:
         raise op.error_at_attribute(
             "channel_id", 0, f"channel_id={excerpt(value)} is not a number (ASCII digits)"
-        )
-    return int(value)
+        ) from None
 
 
 # The most digits a stream annotation may have (K is at most MAX_STREAMS anyway).
@@ -689,7 +691,9 @@ def _annotation(start: Instruction, frontend: dict[str, str]) -> int | None:
     value = frontend.get(STREAM_ATTRIBUTE)
     if value is None:
         return None
-    if not (value.isascii() and value.isdigit()) or len(value) > _ANNOTATION_DIGITS:
+    try:
+        return ascii_integer(value, signed=False, most_digits=_ANNOTATION_DIGITS)
+    except ValueError:
         raw = start.attribute("frontend_attributes") or ""
         at = raw.find(f"{STREAM_ATTRIBUTE}=")
         raise start.error_at_attribute(
@@ -699,8 +703,7 @@ def _annotation(start: Instruction, frontend: dict[str, str]) -> int | None:
             else 0,
             f'{STREAM_ATTRIBUTE}="{excerpt(value)}" is not a stream number: expected '
             f"ASCII decimal digits, at most {_ANNOTATION_DIGITS}",
-        )
-    return int(value)
+        ) from None
 
 
 def _is_sync(inst: Instruction) -> bool:

@@ -36,11 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xla_streams import _json
+from xla_streams.environment import CACHE_DIR
 from xla_streams.tuning.result import XlaOpinion
 
 CACHE_SCHEMA = "xla_streams.tune_cache.v2"
-# Where the cache lives unless told otherwise (--cache-dir, cache_dir=).
-CACHE_ENV = "XLA_STREAMS_CACHE_DIR"
 # JAX settings from the environment that do not change what XLA compiles.
 _NEUTRAL_JAX_ENV = frozenset(
     {
@@ -131,7 +130,7 @@ class Refused(Exception):
 def default_folder() -> Path:
     """``$XLA_STREAMS_CACHE_DIR``, else ``$XDG_CACHE_HOME/xla_streams/tune``, else
     ``~/.cache/xla_streams/tune``."""
-    chosen = os.environ.get(CACHE_ENV)
+    chosen = CACHE_DIR.from_env()
     if chosen:
         return Path(chosen)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

@@ -2,24 +2,39 @@
 
 Its fields are the keywords of :func:`xla_streams.tune` and, spelled with dashes,
 the flags of ``xla-streams tune`` (:mod:`xla_streams.cli.tune` makes them from these
-fields). Each field has its default, and in its metadata an :class:`About`: its help,
-the values it takes, and how the command line reads it. A TuneOptions is checked
-once, when it is made: a value it cannot take is a :class:`TuneError` naming the
-option and what it takes.
+fields). Each field is an :class:`~xla_streams.option.Option`: its default, the
+reader of its values (what it takes, in Python and on the command line) and its
+help. A TuneOptions is checked once, when it is made: a value it cannot take is a
+:class:`TuneError` naming the option and what it takes.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, TextIO
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
 
 from xla_streams import aot
-from xla_streams.collectives import MAX_STREAMS, STREAM_COUNTS, check_streams
+from xla_streams.collectives import MAX_STREAMS, STREAM_COUNTS, STREAMS
 from xla_streams.hlo.attributes import MAX_DEVICES
+from xla_streams.option import (
+    Option,
+    OptionError,
+    Reader,
+    boolean,
+    check_fields,
+    choice,
+    integer,
+    number,
+    option,
+    optional,
+    options_of,
+    path,
+    sequence,
+    text,
+)
 from xla_streams.tuning.levers import LEVER_ALIASES, LEVER_NAMES
 from xla_streams.tuning.result import (
     DEFAULT_BUDGET_COMPILES,
@@ -39,75 +54,28 @@ MAX_JOBS = 256
 
 File = str | os.PathLike[str]
 CacheDir = File | None | bool
-# How the command line reads an option's text: as it is, a whole number, a real
-# number, a true/false switch, comma-separated names or comma-separated whole numbers.
-Kind = Literal["text", "integer", "number", "switch", "names", "integers"]
 
-
-@dataclass(frozen=True)
-class About:
-    """What one option of :class:`TuneOptions` is: its help, the values it takes
-    (``takes``, in words: "budget_s must be <takes>"; ``valid`` says whether a value is
-    one), and how the command line reads it: as ``kind``, under ``flag`` (default: the
-    field's name with dashes), with ``words`` that stand for a value there
-    (``--cache-dir=none``: False); ``command_line=False``: not a flag."""
-
-    help: str
-    takes: str = ""
-    valid: Callable[[Any], bool] = lambda value: True
-    kind: Kind = "text"
-    choices: tuple[str, ...] = ()
-    flag: str = ""
-    words: tuple[tuple[str, object], ...] = ()
-    command_line: bool = True
-
-
-def about(option: dataclasses.Field[Any]) -> About:
-    """The :class:`About` of a field of :class:`TuneOptions`."""
-    found: About = option.metadata["about"]
-    return found
-
-
-def _integer(value: Any, lowest: int, highest: float = float("inf")) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and lowest <= value <= highest
-
-
-def _real(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _path(value: Any) -> bool:
-    return value is None or isinstance(value, str | os.PathLike)
-
-
-def _lever_names(value: Any) -> bool:
-    if value is None:
-        return True
-    if isinstance(value, str) or not isinstance(value, Sequence) or not value:
-        return False
-    names = [LEVER_ALIASES.get(v, v) for v in value if isinstance(v, str)]
-    return (
-        len(names) == len(value)
-        and set(names) <= set(LEVER_NAMES)
-        and len(set(names)) == len(names)
-    )
-
-
-def _stream_counts(value: Any) -> bool:
-    if isinstance(value, str) or not isinstance(value, Sequence) or not value:
-        return False
-    try:
-        for k in value:
-            check_streams(k)
-    except ValueError:
-        return False
-    return True
-
-
-_DEVICES = (
-    f"a positive integer (at most {MAX_DEVICES}: the most devices a module's replica groups "
-    "may address)"
+# A number of devices, or None where the program says it (devices) or the topology
+# decides (devices_per_host).
+_DEVICES = optional(
+    integer(1, MAX_DEVICES),
+    takes=f"a positive integer (at most {MAX_DEVICES}: the most devices a module's replica "
+    "groups may address)",
 )
+
+
+_LEVERS = f"distinct names from: {', '.join(LEVER_NAMES)}"
+
+
+def _stream(value: Any) -> TextIO:
+    if not callable(getattr(value, "write", None)):
+        raise ValueError("expected a text stream")
+    stream: TextIO = value
+    return stream
+
+
+def _no_text(text: str) -> Any:
+    raise ValueError("expected a text stream, given in Python")
 
 
 @dataclass(frozen=True)
@@ -119,119 +87,102 @@ class TuneOptions:
     ``devices`` may stay None only for StableHLO (``tune_path``), whose module says
     it; once ``devices`` is known, ``devices_per_host`` None (the default) becomes 8,
     or every device when there are fewer (:meth:`topology`). Each field's help is
-    below (``about(field).help``)."""
+    below (``options_of(TuneOptions)``)."""
 
-    devices: int | None = field(default=None, metadata={"about": About(
+    devices: int | None = option(None, _DEVICES,
         "Number of GPUs the program runs on (all hosts together; for a dump or StableHLO "
         "file, default: its module's replicas x partitions).",
-        _DEVICES, lambda v: v is None or _integer(v, 1, MAX_DEVICES), "integer",
-    )})  # fmt: skip
-    devices_per_host: int | None = field(default=None, metadata={"about": About(
+    )  # fmt: skip
+    devices_per_host: int | None = option(None, _DEVICES,
         f"GPUs per host (default {DEFAULT_DEVICES_PER_HOST}, or every device when there are "
         "fewer; device d is on host d // M).",
-        _DEVICES, lambda v: v is None or _integer(v, 1, MAX_DEVICES), "integer",
-    )})  # fmt: skip
-    hosts_per_domain: int | None = field(default=DEFAULT_HOSTS_PER_DOMAIN, metadata={"about": About(
+    )  # fmt: skip
+    hosts_per_domain: int | None = option(DEFAULT_HOSTS_PER_DOMAIN,
+        optional(integer(1), takes="a positive integer (None in Python, 0 on the command "
+                 "line: all hosts in one domain)", words={"0": None}),
         "Hosts per NVLink (scale-up) domain: 1 on H100/H200 HGX clusters (each host its "
         "own), more on multi-node NVLink systems (GB200 NVL72: 18 hosts of 4 GPUs); 0 (None in "
         "Python): all hosts in one.",
-        "a positive integer (None, 0 on the command line: all hosts in one domain)",
-        lambda v: v is None or _integer(v, 1), "integer", flag="hosts-per-nvlink-domain",
-        words=(("0", None),),
-    )})  # fmt: skip
-    target: str = field(default="h100", metadata={"about": About(
-        "The GPU to compile and predict for.",
-        f"one of {', '.join(TARGET_NAMES)}",
-        lambda v: isinstance(v, str) and v.lower() in TARGET_NAMES, choices=TARGET_NAMES,
-    )})  # fmt: skip
-    budget_compiles: int = field(default=DEFAULT_BUDGET_COMPILES, metadata={"about": About(
+        flag="hosts-per-nvlink-domain",
+    )  # fmt: skip
+    target: str = option("h100", choice(TARGET_NAMES), "The GPU to compile and predict for.")
+    budget_compiles: int = option(DEFAULT_BUDGET_COMPILES, integer(1),
         "Evaluate at most this many option sets (compiled now, from the cache, or dropped): "
         "the budget that makes the search repeatable, the same result on a busy or a quiet "
         "machine. The default lets the embedded 32-GPU programs finish their neighbour check.",
-        "a positive integer", lambda v: _integer(v, 1), "integer",
-    )})  # fmt: skip
-    budget_s: float = field(default=DEFAULT_BUDGET_S, metadata={"about": About(
+    )  # fmt: skip
+    budget_s: float = option(DEFAULT_BUDGET_S,
+        number(0, takes="a positive number of seconds", above=True, metavar="SECONDS"),
         "A safety limit on wall time: stop starting compiles once this many seconds are "
         "spent (the result then says so: it depends on the machine's speed).",
-        "a positive number of seconds", lambda v: _real(v) and v > 0, "number",
-    )})  # fmt: skip
-    headroom: float = field(default=DEFAULT_HEADROOM, metadata={"about": About(
+    )  # fmt: skip
+    headroom: float = option(DEFAULT_HEADROOM,
+        number(0, 1, takes="a fraction from 0 to 1", below=True, metavar="FRACTION"),
         "Fraction of the GPU's memory kept free: a configuration fits when its peak is at "
         "most (1 - headroom) x HBM.",
-        "a fraction from 0 to 1", lambda v: _real(v) and 0 <= v < 1, "number",
-    )})  # fmt: skip
-    levers: Sequence[str] | None = field(default=None, metadata={"about": About(
+    )  # fmt: skip
+    levers: Sequence[str] | None = option(None,
+        optional(sequence(choice(LEVER_NAMES, aliases=LEVER_ALIASES, metavar="LEVER"),
+                          takes=_LEVERS, distinct=True), takes=_LEVERS),
         "Search only these levers, in this order (default: all, in the order "
         f"{', '.join(LEVER_NAMES)}).",
-        f"distinct names from: {', '.join(LEVER_NAMES)}", _lever_names, "names",
-    )})  # fmt: skip
-    streams: Sequence[int] = field(default=STREAM_COUNTS, metadata={"about": About(
+    )  # fmt: skip
+    streams: Sequence[int] = option(STREAM_COUNTS,
+        sequence(STREAMS, takes=f"integers from 1 to {MAX_STREAMS}"),
         "The numbers of collective streams K a recommendation may use.",
-        f"integers from 1 to {MAX_STREAMS}", _stream_counts, "integers",
-    )})  # fmt: skip
-    exhaustive: bool = field(default=False, metadata={"about": About(
+    )  # fmt: skip
+    exhaustive: bool = option(False, boolean(),
         "Compile every configuration of the levers instead of searching (their product: "
         "for measuring the search, not for everyday use).",
-        "true or false", lambda v: isinstance(v, bool), "switch",
-    )})  # fmt: skip
-    calibration: File | None = field(default=None, metadata={"about": About(
+    )  # fmt: skip
+    calibration: File | None = option(None, optional(path(), takes="a path"),
         "A calibration file (schema xla_streams.calibration.v1) of measured corrections to "
         "the cost model.",
-        "a path", _path,
-    )})  # fmt: skip
-    perf_table: File | None = field(default=None, metadata={"about": About(
+    )  # fmt: skip
+    perf_table: File | None = option(None, optional(path(), takes="a path"),
         "A collective performance table in XLA's format (as for "
         "--xla_gpu_experimental_collective_perf_table_path): the collectives it measured are "
         "priced from it.",
-        "a path", _path,
-    )})  # fmt: skip
-    profile: File | None = field(default=None, metadata={"about": About(
+    )  # fmt: skip
+    profile: File | None = option(None, optional(path(), takes="a path"),
         "A PGLE profile of this program (ProfiledInstructionsProto, text or binary): the "
         "instructions it names take their measured times.",
-        "a path", _path,
-    )})  # fmt: skip
-    jobs: int | None = field(default=None, metadata={"about": About(
+    )  # fmt: skip
+    jobs: int | None = option(None,
+        optional(integer(0, MAX_JOBS), takes=f"an integer from 0 to {MAX_JOBS}"),
         "Compile this many candidates at once, in worker processes (default: one per core, "
         "at most one per 4 GiB of available memory, at most 8). A crash of XLA on a "
         "candidate kills its worker only; 0 compiles in this process (no start-up).",
-        f"an integer from 0 to {MAX_JOBS}", lambda v: v is None or _integer(v, 0, MAX_JOBS),
-        "integer",
-    )})  # fmt: skip
-    cache_dir: CacheDir = field(default=None, metadata={"about": About(
+    )  # fmt: skip
+    cache_dir: CacheDir = option(None,
+        optional(path(metavar="DIR"), takes="a path, or False (no cache)",
+                 words={"none": False, "": False}, also=(None, True, False)),
         "The disk cache of compiled candidates (default $XLA_STREAMS_CACHE_DIR, else "
         "~/.cache/xla_streams/tune); 'none' (False in Python): no cache.",
-        "a path, or False (no cache)", lambda v: isinstance(v, bool) or _path(v),
-        words=(("none", False), ("", False)),
-    )})  # fmt: skip
-    ray: str | None = field(default=None, metadata={"about": About(
+    )  # fmt: skip
+    ray: str | None = option(None,
+        optional(text(metavar="ADDRESS"), takes="'auto' or an address"),
         "Compile on a running Ray cluster: 'auto' (the one `ray start` runs here, or "
         "RAY_ADDRESS) or its address; needs the ray extra. Usage statistics stay off unless "
         "RAY_USAGE_STATS_ENABLED says otherwise.",
-        "'auto' or an address", lambda v: v is None or isinstance(v, str),
-    )})  # fmt: skip
-    script: str = field(default=DEFAULT_SCRIPT, metadata={"about": About(
-        "What the printed command runs.", "a shell command", lambda v: isinstance(v, str),
-    )})  # fmt: skip
-    program: str | None = field(default=None, metadata={"about": About(
+    )  # fmt: skip
+    script: str = option(DEFAULT_SCRIPT, text(metavar="COMMAND", takes="a shell command"),
+        "What the printed command runs.")  # fmt: skip
+    program: str | None = option(None, optional(text(metavar="NAME"), takes="a name"),
         "The program's name in the result (default: the builder's, or the file's).",
-        "a name", lambda v: v is None or isinstance(v, str), command_line=False,
-    )})  # fmt: skip
-    progress: TextIO | None = field(default=None, metadata={"about": About(
+    )  # fmt: skip
+    progress: TextIO | None = option(None,
+        optional(Reader("a text stream", _no_text, _stream, "STREAM"), takes="a text stream"),
         "Where a line per step goes (e.g. sys.stderr; the command line's --progress).",
-        "a text stream", lambda v: v is None or callable(getattr(v, "write", None)),
-        command_line=False,
-    )})  # fmt: skip
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
-        for option in dataclasses.fields(self):
-            value = getattr(self, option.name)
-            if not about(option).valid(value):
-                raise TuneError(f"{option.name} must be {about(option).takes}, not {value!r}")
-        # One spelling each from here on: what the search, the cache and the result use.
-        if self.levers is not None:
-            self._set("levers", tuple(LEVER_ALIASES.get(v, v) for v in self.levers))
-        self._set("streams", tuple(self.streams))
-        self._set("target", self.target.lower())
+        # One spelling each from here on (a tuple, a lever's own name, a target in lower
+        # case): what the search, the cache and the result use.
+        try:
+            check_fields(self)
+        except OptionError as e:
+            raise TuneError(str(e)) from None
         if self.devices is None:
             return
         if self.devices_per_host is None:
@@ -256,11 +207,10 @@ class TuneOptions:
         return self.devices, self.devices_per_host, self.hosts_per_domain
 
 
-def _field_help() -> str:
-    lines = [f"- ``{f.name}`` (default ``{f.default!r}``): {about(f).help}" for f in OPTIONS]
-    return "\n".join(lines)
-
-
-OPTIONS: tuple[dataclasses.Field[Any], ...] = dataclasses.fields(TuneOptions)
-# help(TuneOptions) lists every field with its default and help, from the fields.
-TuneOptions.__doc__ = f"{inspect.cleandoc(TuneOptions.__doc__ or '')}\n\n{_field_help()}\n"
+OPTIONS: dict[str, Option[Any]] = options_of(TuneOptions)
+# help(TuneOptions) lists every option with its default and help, from the declarations.
+TuneOptions.__doc__ = (
+    f"{inspect.cleandoc(TuneOptions.__doc__ or '')}\n\n"
+    + "\n".join(f"- ``{o.name}`` (default ``{o.default!r}``): {o.help}" for o in OPTIONS.values())
+    + "\n"
+)

@@ -20,6 +20,7 @@ from xla_streams import _json
 from xla_streams import xla_options as xo
 from xla_streams._text import aligned
 from xla_streams.collectives import DEFAULT_POLICY, MAX_STREAMS, POLICIES, check_streams
+from xla_streams.option import ascii_integer
 from xla_streams.tuning.levers import describe, format_bytes
 
 SCHEMA = "xla_streams.tune.v1"
@@ -535,9 +536,11 @@ def _step_by_streams(value: _json.Value) -> dict[int, float]:
     """``{"1": 9.0, "2": 8.0}``: the step in ms per stream count K."""
     out = {}
     for k, step in value.fields().items():
-        if not (k.isascii() and k.isdigit()):
+        try:
+            streams = ascii_integer(k, signed=False)
+        except ValueError:
             step.fail("expected a stream count as the key")
-        out[int(k)] = step.number(0)
+        out[streams] = step.number(0)
     return out
 
 
