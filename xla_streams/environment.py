@@ -105,17 +105,11 @@ PERF_TABLE = _setting(
     "--xla_gpu_experimental_collective_perf_table_path (unless XLA_FLAGS sets that) and "
     "the HTML reports price collectives from it.",
 )  # fmt: skip
-IGNORE_MAX_CONNECTIONS = _setting(
-    "ignore_max_connections", False, boolean(),
-    "Keep K collective streams under CUDA_DEVICE_MAX_CONNECTIONS=1, which puts every CUDA "
-    "stream on one hardware queue, where collectives on several streams can deadlock (by "
-    "default the plugin then keeps one).",
-)  # fmt: skip
 
 # The plugin's settings, in the order the README lists them.
 SETTINGS: tuple[Option[Any], ...] = (
     COLLECTIVE_STREAMS, POLICY_SETTING, MODE, PIPELINE, REPORT_DIR, REPORT_HTML, STRICT, LOG,
-    TIMEOUT_S, CONFIG, PERF_TABLE, IGNORE_MAX_CONNECTIONS,
+    TIMEOUT_S, CONFIG, PERF_TABLE,
 )  # fmt: skip
 # The settings that turn the plugin on.
 SWITCHES = frozenset({"collective_streams", "pipeline", "config"})

@@ -13,8 +13,8 @@ Turning it on does four things:
    (without it the scheduler keeps one collective in flight, and there is
    nothing to spread) and K communication streams; from a tune result
    (``XLA_STREAMS_CONFIG``) its options. Each one added is logged. Where
-   ``CUDA_DEVICE_MAX_CONNECTIONS=1`` puts every stream on one hardware queue, K is
-   one unless the user insists (said once);
+   ``CUDA_DEVICE_MAX_CONNECTIONS=1`` puts every stream on one hardware queue, what
+   that costs is said once;
 2. the hook is registered for XLA:CPU and the GPU plugins, in a way that
    starts no backend (:mod:`xla_streams.jax_compat`): ``initialize()`` runs
    while JAX holds the lock that backend start-up takes;
@@ -37,7 +37,7 @@ import shlex
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from xla_streams import __version__, _log, jax_compat, runtime, xla_options
@@ -84,7 +84,7 @@ class _State:
     xla_flags_added: tuple[str, ...] = ()  # the flags we added, removed by disable()
     late_warning_given: bool = False  # XLA_FLAGS read before we could add to it: said once
     untuned_note_given: bool = False  # the overlap limit raised without a tune result: said once
-    one_queue_note_given: bool = False  # CUDA_DEVICE_MAX_CONNECTIONS=1 kept one stream: said once
+    one_queue_note_given: bool = False  # CUDA_DEVICE_MAX_CONNECTIONS=1's cost: said once
 
 
 _lock = threading.RLock()
@@ -158,7 +158,6 @@ def enable(
     timeout_s: float | None = None,
     config: str | os.PathLike[str] | None = None,
     perf_table: str | os.PathLike[str] | None = None,
-    ignore_max_connections: bool | None = None,
 ) -> Config:
     """Turn the plugin on in this process; returns the settings now active.
 
@@ -180,7 +179,6 @@ def enable(
         "timeout_s": timeout_s,
         "config": config,
         "perf_table": perf_table,
-        "ignore_max_connections": ignore_max_connections,
     }
     if collective_streams is None and pipeline is None and config is None:
         values["collective_streams"] = DEFAULT_STREAMS
@@ -237,7 +235,7 @@ def _activate(config: Config, source: str) -> Config:
                 f"cannot create the report directory {config.report_dir}: {e.strerror}",
             ) from None
     _log.configure(config.log)
-    config = _one_stream_on_one_queue(config)
+    _say_one_queue(config)
     if config.mode == "ffi":
         _load_ffi_runtime(config, source)
     with _lock:
@@ -262,36 +260,24 @@ def _activate(config: Config, source: str) -> Config:
 MAX_CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
 
 
-def _one_stream_on_one_queue(config: Config) -> Config:
-    """``config`` with one collective stream where CUDA_DEVICE_MAX_CONNECTIONS=1 puts every
-    stream on one hardware queue, unless ``ignore_max_connections``: there an NCCL kernel
-    waiting for its peers blocks the kernels of the other streams queued behind it, so
-    collectives on different streams can deadlock even where the deadlock rule lets them
-    overlap (docs/streams.md). Said once. ConfigError where the user's pipeline writes
-    more streams itself."""
-    streams = config.collective_streams
+def _say_one_queue(config: Config) -> None:
+    """Says once what CUDA_DEVICE_MAX_CONNECTIONS=1 costs K collective streams: one
+    hardware queue starts every device's work in its issue order, so collectives still
+    run together once started, but an op waiting at the queue's head holds back the
+    ones behind it. It cannot deadlock them: an SPMD program issues its collectives in
+    the same order on every rank (NCCL's own condition across communicators), which
+    the emulated CUDA runtime executes (docs/runtimes.md)."""
     one_queue = os.environ.get(MAX_CONNECTIONS, "").strip() == "1"
-    if not one_queue or streams == 1 or config.ignore_max_connections:
-        return config
-    if config.pipeline is not None and config.pipeline.written("assign-streams", "streams"):
-        raise ConfigError(
-            "pipeline",
-            f"the pipeline '{config.pipeline.text}' writes streams={streams}, but "
-            f"{MAX_CONNECTIONS}=1 puts every CUDA stream on one hardware queue, where "
-            "collectives on several streams can deadlock: write streams=1, or set "
-            f"XLA_STREAMS_IGNORE_MAX_CONNECTIONS=1 (ignore_max_connections=True) to keep {streams}",
-        )
-    if not _state.one_queue_note_given:
-        _state.one_queue_note_given = True
-        logger.warning(
-            "%s=1 puts every CUDA stream on one hardware queue, where collectives on several "
-            "streams can deadlock: using 1 collective stream instead of %d (set "
-            "XLA_STREAMS_IGNORE_MAX_CONNECTIONS=1, or ignore_max_connections=True, to keep %d)",
-            MAX_CONNECTIONS,
-            streams,
-            streams,
-        )
-    return replace(config, collective_streams=1)
+    if not one_queue or config.collective_streams == 1 or _state.one_queue_note_given:
+        return
+    _state.one_queue_note_given = True
+    logger.info(
+        "%s=1 puts every CUDA stream on one hardware queue: the %d collective streams keep "
+        "their collectives running together, but an op waiting at the queue's head holds "
+        "back the ones behind it, so they overlap less than with more queues",
+        MAX_CONNECTIONS,
+        config.collective_streams,
+    )
 
 
 def _load_ffi_runtime(config: Config, source: str) -> None:

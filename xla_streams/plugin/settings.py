@@ -75,7 +75,6 @@ class Config:
     # the reports' simulation price collectives from it.
     perf_table: str | None = None
     # Keep K streams where CUDA_DEVICE_MAX_CONNECTIONS=1 (else the plugin uses one).
-    ignore_max_connections: bool = False
 
     def __post_init__(self) -> None:
         # Direct construction gets the same checks as the builders, named by keyword.
