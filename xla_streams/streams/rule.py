@@ -63,8 +63,9 @@ C-A on rank 2; tests/passes/test_rule_index.py builds it and asserts the three
 stay on three streams). XLA does not tie them either. Under the strictest
 reading of NCCL (no forward-progress guarantee between communicators:
 NVIDIA/nccl#574, #195) such a cycle could hang, if on every rank of it a
-waiting kernel kept the next one from starting (saturated SMs,
-``CUDA_DEVICE_MAX_CONNECTIONS=1``, an implicit device synchronisation). But
+waiting kernel kept the next one from starting (saturated SMs, an implicit
+device synchronisation; not ``CUDA_DEVICE_MAX_CONNECTIONS=1``, whose one queue
+starts every rank's work in the program's order: docs/runtimes.md). But
 that reading condemns two collectives just as well: tensor-parallel
 collectives over the rows of a 2x2 mesh and data-parallel ones over its
 columns share one device per pair of groups, and their groups form the
