@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,14 +35,10 @@ from typing import Any
 from xla_streams import environment, jax_compat
 from xla_streams.runtime.abi import (
     BACKENDS,
-    DEFAULT_TIMEOUT_S,
     HANDLERS,
     PLATFORMS,
-    TIMEOUT_ENV,
     AttributeValue,
     Backend,
-    checked_timeout,
-    read_timeout,
 )
 from xla_streams.runtime.errors import BuildError
 
@@ -62,7 +57,6 @@ __all__ = [
     "enable_trace",
     "ffi_attributes",
     "load",
-    "parse_timeout",
     "register",
     "set_stream_priority",
     "set_timeout",
@@ -95,10 +89,6 @@ class TraceEvent:
     backend: str = "host"
     begin_ms: float | None = None
     end_ms: float | None = None
-
-    @property
-    def duration_s(self) -> float:
-        return (self.end_ns - self.begin_ns) / 1e9
 
 
 def load(backend: Backend = "host") -> ctypes.CDLL:
@@ -229,16 +219,6 @@ def cuda_available() -> bool:
     return find_cuda() is not None
 
 
-def parse_timeout(text: str, name: str = TIMEOUT_ENV) -> float:
-    """The timeout in seconds that ``text``, the value of setting ``name``, gives.
-
-    Raises ValueError naming ``name`` unless it is a number of seconds from
-    ``abi.MIN_TIMEOUT_S`` to ``abi.MAX_TIMEOUT_S`` (``inf``, ``nan``, ``0`` and ``abc``
-    are not).
-    """
-    return read_timeout(text, f"{name}={text!r}")
-
-
 def _milliseconds(seconds: float) -> int:
     return round(seconds * 1000)
 
@@ -250,7 +230,7 @@ def set_timeout(seconds: float) -> None:
     Also read from ``XLA_STREAMS_TIMEOUT_S`` when a library loads.
     """
     global _timeout_s
-    checked = checked_timeout(float(seconds), f"set_timeout({seconds!r})")
+    checked = environment.TIMEOUT_S.check(seconds)
     with _lock:
         _timeout_s = checked
         for lib in _libraries.values():
@@ -265,8 +245,7 @@ def timeout() -> float:
             return _timeout_s
         for lib in _libraries.values():
             return float(lib.xs_get_timeout_ms()) / 1000
-    env = os.environ.get(TIMEOUT_ENV, "").strip()
-    return parse_timeout(env) if env else DEFAULT_TIMEOUT_S
+    return float(environment.TIMEOUT_S.from_env())
 
 
 def enable_trace(on: bool = True) -> None:

@@ -42,7 +42,6 @@ disagree. Imports only the standard library and :mod:`xla_streams.collectives`.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -236,34 +235,6 @@ MIN_TIMEOUT_S = 0.001
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
-def checked_timeout(seconds: object, shown: str) -> float:
-    """``seconds`` as a timeout; ValueError naming ``shown`` (how the user wrote the
-    setting and its value) unless a number (not a bool) from MIN_TIMEOUT_S to
-    MAX_TIMEOUT_S (``inf`` and ``nan`` are not)."""
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, int | float)
-        or not MIN_TIMEOUT_S <= seconds <= MAX_TIMEOUT_S  # also rejects nan
-    ):
-        raise ValueError(
-            f"{shown} is not valid: expected a number of seconds from {MIN_TIMEOUT_S:g} to "
-            f"{MAX_TIMEOUT_S:g} (7 days)"
-        )
-    return float(seconds)
-
-
-def read_timeout(value: object, shown: str) -> float:
-    """A timeout given as a number or as its text (``" 2.5 "``, ``"1e-3"``), checked as
-    :func:`checked_timeout` checks it."""
-    if isinstance(value, str):
-        try:
-            # float() also reads '٤': a setting's number is ASCII.
-            value = float(value) if value.isascii() else math.nan
-        except ValueError:
-            value = math.nan
-    return checked_timeout(value, shown)
-
-
 __all__ = [
     "ABI_VERSION",
     "BACKENDS",
@@ -285,8 +256,6 @@ __all__ = [
     "TIMEOUT_ENV",
     "Backend",
     "CollectiveCall",
-    "checked_timeout",
     "parse_attributes",
-    "read_timeout",
     "render_attributes",
 ]

@@ -11,10 +11,10 @@
 //            is no wait; recording it again later changes nothing for this wait
 //            (Runtime API, cudaStreamWaitEvent).
 // [queues]   A device feeds its streams to CUDA_DEVICE_MAX_CONNECTIONS hardware
-//            queues (default 8): streams share a queue by creation order, and an
-//            op that cannot start at the head of a queue holds back the ops behind
-//            it, whatever their stream (CUDA Programming Guide, "Environment
-//            Variables"; the "false dependencies" of Hyper-Q).
+//            queues (default 8), and an op that cannot start at the head of a queue
+//            holds back the ops behind it, whatever their stream (CUDA Programming
+//            Guide, "Environment Variables"); which queue a stream gets no document
+//            says, and the driver may make fewer than asked: a draw from the seed.
 // [resident] A collective kernel occupies SMs while it waits for its peers; the
 //            `residency` setting bounds how many may wait at once on a device
 //            (0: no bound). NCCL's kernels spin until every rank's kernel runs
@@ -77,7 +77,6 @@ Model::Model() {
   connections_ = std::clamp(EnvInt("CUDA_DEVICE_MAX_CONNECTIONS", 8), 1, 32);
   devices_ = EnvInt("XSIM_DEVICES", 8);
   rng_.seed(static_cast<uint64_t>(EnvInt("XSIM_SEED", 0)));
-  streams_per_device_.assign(devices_, 0);
   running_collectives_.assign(devices_, 0);
   shadow_.resize(devices_);
 }
@@ -89,8 +88,7 @@ bool Model::Configure(const std::string& key, const std::string& value) {
   if (key == "devices") {
     if (!streams_.empty() || n < 1) return false;  // before any stream exists
     devices_ = static_cast<int>(n);
-    streams_per_device_.assign(devices_, 0);
-    running_collectives_.assign(devices_, 0);
+      running_collectives_.assign(devices_, 0);
     shadow_.assign(devices_, {});
   } else if (key == "connections") {
     if (!streams_.empty() || n < 1 || n > 32) return false;
@@ -132,7 +130,7 @@ CUstream_st* Model::NewStream(int device, int priority, const std::string& label
   auto stream = std::make_unique<CUstream_st>();
   stream->actor = actors_++;
   stream->device = device;
-  stream->queue = streams_per_device_[device]++ % connections_;  // [queues]
+  stream->queue = static_cast<int>(rng_() % connections_);
   stream->priority = priority;
   stream->label = label.empty() ? "stream " + std::to_string(stream->actor) : label;
   CUstream_st* raw = stream.get();

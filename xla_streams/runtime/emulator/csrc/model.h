@@ -209,7 +209,6 @@ class Model {
   std::vector<std::unique_ptr<CUevent_st>> events_;
   std::set<const void*> event_set_;
   std::map<int, Clock> host_clocks_;
-  std::vector<int> streams_per_device_;
   // Per device and hardware queue: ops issued and not yet started, in issue order.
   std::map<std::pair<int, int>, std::deque<OpPtr>> queues_;
   std::vector<int> running_collectives_;
