@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 LAYERS: list[set[str]] = [
     {"_io", "_json", "_log", "_text", "_wire", "xla_options", "jax_compat"},  # nothing of ours
     {"hlo"},  # the IR
-    {"collectives", "runtime.abi"},  # what a collective is; what the ffi runtime runs
+    # What a collective is; what the ffi runtime runs; what XLA's dumps say it ran.
+    {"collectives", "runtime.abi", "xla_dump"},
     {"streams"},  # the analyses: pairs, the deadlock rule, the assignment, verification
     {"simulate", "runtime", "aot", "programs"},  # the simulator calls the analyses
     {"tuning"},  # JAX-free but for the compiles of its candidates

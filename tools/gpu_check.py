@@ -93,8 +93,6 @@ for _path in (str(REPO), str(HERE)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from prove_native_streams import thunk_streams  # noqa: E402
-
 import xla_streams  # noqa: E402
 from xla_streams import programs, runtime  # noqa: E402
 from xla_streams.hlo import parse_module  # noqa: E402
@@ -108,6 +106,7 @@ from xla_streams.simulate.calibration import (  # noqa: E402
     load_calibration,
 )
 from xla_streams.streams import assign_streams  # noqa: E402
+from xla_streams.xla_dump import thunk_streams  # noqa: E402
 
 SCHEMA = "xla_streams.gpu_check.v1"
 # The whole run; a session has 15 minutes of GPU time for everything, reruns included.

@@ -82,27 +82,6 @@ def test_our_annotations_win_over_xlas_own_multi_streaming(tmp_path: Path) -> No
     assert all(r["thunk"] == r["stream"] for r in rows if r["stream"] is not None)
 
 
-def test_thunk_dump_reading() -> None:
-    sys.path.insert(0, str(SCRIPT.parent))
-    from prove_native_streams import thunk_streams
-
-    sequence = (
-        "002: kAsyncStart   [source | next=005 (3) ] stream=communication_stream[0], async_id=2\n"
-        "    001: kAllGather [source | sink] kAllGather\n"
-        "007: kWhile        [prev=006 (1)  | next=035 (1) ]\n"
-        "    013: kAsyncStart         [prev=010 (1) | next=022 (6)] "
-        "stream=communication_stream[3], async_id=13\n"
-        "    021: kAsyncDone          [source       | sink        ] async_id=13\n"
-    )
-    metadata = (
-        'thunk_metadata {\n  thunk_info {\n    profile_annotation: "all-gather-start"\n'
-        '    thunk_id: 2\n  }\n  thunk_kind: "kAsyncStart"\n}\n'
-        'thunk_metadata {\n  thunk_info {\n    profile_annotation: "reduce-scatter-start.1"\n'
-        '    thunk_id: 13\n  }\n  thunk_kind: "kAsyncStart"\n}\n'
-    )
-    assert thunk_streams(sequence, metadata) == {"all-gather-start": 0, "reduce-scatter-start.1": 3}
-
-
 @pytest.mark.parametrize("streams", [4])
 def test_demo_without_a_gpu(tmp_path: Path, streams: int) -> None:
     reports = tmp_path / "reports"
