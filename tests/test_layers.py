@@ -44,6 +44,7 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("xla_streams.cli", "xla_streams.programs"): "start-up: the demo's flags only",
     ("xla_streams.cli", "xla_streams.cli.demo"): "start-up: JAX, for the demo only",
     ("xla_streams.cli", "xla_streams.cli.simulate"): "start-up: the simulator, for simulate",
+    ("xla_streams.cli", "xla_streams.cli.calibrate"): "start-up: the simulator, for calibrate",
     ("xla_streams.cli", "xla_streams.cli.tune"): "start-up: the tuner, for tune",
     ("xla_streams.cli", "xla_streams.report"): "start-up: opt writes no report (10 ms)",
     ("xla_streams.plugin.hook", "xla_streams.report"): "reports: with a report directory only",
