@@ -266,7 +266,7 @@ def files_table() -> str:
     paths = [
         *sorted((REPO / "xla_streams").rglob("*.py")),
         *sorted((REPO / "passes").glob("*.py")),
-        *sorted((REPO / "tools").glob("*.py")),
+        *sorted((REPO / "tools").rglob("*.py")),
     ]
     rows = ["| file | what it is |", "|---|---|"]
     rows += [f"| `{p.relative_to(REPO)}` | {_cell(_first_sentence(p))} |" for p in paths]

@@ -165,7 +165,7 @@ def test_jax_internals_are_touched_in_jax_compat_alone() -> None:
 
 def test_tools_import_the_package_at_the_top_and_nothing_private() -> None:
     private = []
-    for path in sorted((REPO / "tools").glob("*.py")):
+    for path in sorted((REPO / "tools").rglob("*.py")):
         tree = ast.parse(path.read_text())
         top_level = set(map(id, tree.body))
         for node in ast.walk(tree):
@@ -177,9 +177,9 @@ def test_tools_import_the_package_at_the_top_and_nothing_private() -> None:
                 continue
             ours = [n for n in names if n.split(".")[0] == "xla_streams"]
             if ours and id(node) not in top_level:
-                private.append(f"{path.name}:{node.lineno} imports inside a function")
+                private.append(f"{path.relative_to(REPO)}:{node.lineno} imports inside a function")
             private += [
-                f"{path.name}:{node.lineno} {n}"
+                f"{path.relative_to(REPO)}:{node.lineno} {n}"
                 for n in ours
                 if any(part.startswith("_") for part in n.split(".")[1:])
             ]

@@ -16,15 +16,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import re
-import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from bench.hostile import all_reduces
+from bench.hostile import module as hostile_module
 from conftest import ADD_REDUCER, alarm
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -195,24 +194,8 @@ def test_serialized_counts_what_the_pairwise_sweep_counts(
 # -- hostile modules --------------------------------------------------------------------
 
 
-def _load_bench_hostile() -> ModuleType:
-    """tools/bench_hostile.py, whose module builders the tests share."""
-    spec = importlib.util.spec_from_file_location(
-        "bench_hostile", REPO / "tools" / "bench_hostile.py"
-    )
-    assert spec is not None and spec.loader is not None
-    loaded = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = loaded  # its dataclasses look their module up there
-    spec.loader.exec_module(loaded)
-    return loaded
-
-
-_BENCH = _load_bench_hostile()
-all_reduces = _BENCH.all_reduces
-
-
 def module(header: str, starts: list[str], dones: list[str]) -> str:
-    return str(_BENCH.module("hostile", header, starts, dones))
+    return hostile_module("hostile", header, starts, dones)
 
 
 def rings(n: int, steps: tuple[int, int]) -> str:
