@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from xla_streams.jax_compat import hlo_bindings
+
 FILECHECK_DIR = Path(__file__).resolve().parents[2] / "hlo_fixtures" / "filecheck"
 CASES = [
     (path, run)
@@ -31,6 +33,17 @@ def test_every_golden_file_has_a_run_line() -> None:
     files = sorted(FILECHECK_DIR.glob("*.hlo"))
     assert files
     assert {path for path, _ in CASES} == set(files)
+
+
+# The modules written to be refused (errors_*) aside, whose RUN lines say what of.
+READABLE = [p for p in sorted(FILECHECK_DIR.glob("*.hlo")) if not p.stem.startswith("errors_")]
+
+
+@pytest.mark.parametrize("path", READABLE, ids=lambda p: p.stem)
+def test_every_module_is_one_xla_reads(path: Path) -> None:
+    """The hand-written modules are real HLO: XLA's own parser reads each."""
+    text = "".join(line for line in path.read_text().splitlines(True) if not line.startswith("//"))
+    hlo_bindings().hlo_module_from_text(text)
 
 
 @pytest.mark.parametrize(
