@@ -144,6 +144,12 @@ def demo() -> str:
     return "$ xla-streams demo\n" + _demo()[0]
 
 
+def demo_end() -> str:
+    """The end of what ``make demo`` prints: the predictions, from its heading on."""
+    out = _demo()[0]
+    return "$ xla-streams demo\n...\n" + out[out.index("What it buys") :]
+
+
 def plugin_log() -> str:
     """What the plugin prints during the demo's compile (standard error)."""
     return _demo()[1]
@@ -325,6 +331,7 @@ SAMPLES: dict[str, Callable[[], str]] = {
     "settings": settings_table,
     "plugin-log": plugin_log,
     "demo": demo,
+    "demo-end": demo_end,
     "report": lambda: command(
         "xla-streams report hlo_fixtures/tp_dp_2d.limit4.text.hlo --streams=4"
     ),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -101,3 +102,21 @@ def test_demo_without_a_gpu(tmp_path: Path, streams: int) -> None:
     assert report["streams"] == streams and report["summary"]["streams_used"] >= 2
     assert json_path.with_suffix(".txt").read_text() in out
     assert not list(tmp_path.glob("xla_streams_*"))  # nothing left in the working directory
+    # The story's end: the predictions against XLA's defaults and tune's pick (found by
+    # tune over the levers that create overlap here), the effect of the demo's streams last.
+    assert "searching overlap-limit, start-early (the levers that create overlap" in out
+    rows = re.findall(r"^  (.+?) +(\d+\.\d{3}) ms  (\d\.\d{3})x$", out, re.M)
+    labels = [label for label, _, _ in rows]
+    assert labels[:3] == [
+        "XLA's defaults: overlap limit 1, 1 stream",
+        f"the demo's compile (overlap limit {streams}), 1 stream",
+        f"what the demo turned on: overlap limit {streams}, {streams} collective streams, interval",
+    ]
+    assert labels[3].startswith("tune's pick: ") and float(rows[3][2]) >= 1.0
+    assert f"why {streams} streams: " in out and "to run tune's pick: " in out
+    turned_on, ratio = rows[2][1], rows[2][2]
+    assert out.splitlines()[-1] == (
+        f"Predicted effect of what the demo turned on (overlap limit {streams}, {streams} "
+        f"collective streams): {ratio}x of XLA's defaults on this program ({turned_on} ms a "
+        f"step against {rows[0][1]} ms)."
+    )
