@@ -364,6 +364,7 @@ def test_every_sample_in_the_docs_is_one_the_code_makes() -> None:
     assert unknown == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SAMPLES)
 def test_the_docs_show_what_the_code_prints(name: str) -> None:
     shown = [d for d in DOCS if any(b.name == name for b in blocks(d.read_text()))]

@@ -11,6 +11,7 @@ Read from the source (``ast``), every import counted, those inside functions too
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,6 +89,7 @@ def _imported(path: Path) -> set[str]:
     return names
 
 
+@functools.cache  # read once for every test here
 def _graph() -> dict[str, set[str]]:
     """Each module of the package -> the modules of the package it imports. The package
     itself is left out: it only names the public API, loaded on first use (PEP 562)."""

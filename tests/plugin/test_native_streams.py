@@ -19,6 +19,8 @@ import pytest
 
 from xla_streams import jax_compat
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tools" / "prove_native_streams.py"
 assert jax_compat.cuda_plugin_module() is not None, (

@@ -288,6 +288,7 @@ def run_python(
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "expected"),
     [

@@ -37,6 +37,7 @@ def _script() -> Any:
 check = _script()
 
 
+@pytest.mark.slow
 def test_dry_run_plans_and_runs_what_needs_no_gpu(tmp_path: Path) -> None:
     begin = time.monotonic()
     result = subprocess.run(
@@ -78,6 +79,7 @@ print(sorted({{m.split(".")[0] for m in sys.modules}} & {{"jax", "jaxlib", "nump
 """
 
 
+@pytest.mark.slow
 def test_dry_run_imports_neither_jax_nor_numpy(tmp_path: Path) -> None:
     """The package is imported at the top of the script; JAX and numpy only where a
     check that needs the GPU runs."""
