@@ -1,5 +1,5 @@
-# The two commands of the README. Both set up .venv/ first (once per change of
-# pyproject.toml), so they work on a fresh clone.
+# The commands of the README: `make help` lists every target with what it does. Each
+# sets up .venv/ first (once per change of pyproject.toml), so it works on a fresh clone.
 #
 # Python 3.12: `python3.12` where it runs as is, else through pyenv (3.12.1),
 # else say how to choose one (make PYTHON=/path/to/python3.12).
@@ -15,11 +15,23 @@ COMPAT_VENV := .venv-jax$(COMPAT_JAX)
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
 COMPAT_TESTS := unmodified_script or ffi_mode_from or bad_values_stop or strict_mode_from
 
-.PHONY: demo test typecheck compat gpu-check-bare cuda-emulated chromium bazel-test ray-test python
-demo: $(STAMP)
+.PHONY: help demo check test typecheck compat gpu-check-bare cuda-emulated chromium bazel-test ray-test python
+.DEFAULT_GOAL := help
+
+help:  ## list the targets and what each does
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /  make \1\t/' | expand -t 22
+
+demo: $(STAMP)  ## compile the demo step for 8 H100s without a GPU: its streams, what they buy, what tune would change
 	$(VENV)/bin/xla-streams demo
 
-test: $(STAMP) chromium compat bazel-test
+# The fast tier: everything but the tests marked slow (pyproject.toml says what slow is).
+check: $(STAMP)  ## ruff, mypy and the fast tests, the FileCheck goldens among them (about a minute)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(MAKE) --no-print-directory typecheck
+	$(VENV)/bin/python -m pytest -q -m 'not slow' --ignore=$(EMULATED)
+
+test: $(STAMP) chromium compat bazel-test  ## everything: check's steps, the slow tests, jax 0.11.2, Bazel, the GPU check from a bare tree, the emulated CUDA runtime, Ray
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(MAKE) --no-print-directory typecheck
@@ -35,15 +47,15 @@ test: $(STAMP) chromium compat bazel-test
 # through XLA:CPU (a 2-process job too), the conformance program, the deadlock
 # experiments and the mutation suite.
 EMULATED := tests/runtime/emulated
-cuda-emulated: $(STAMP)
+cuda-emulated: $(STAMP)  ## the CUDA backend on the emulated CUDA runtime and NCCL (about 3 minutes)
 	$(VENV)/bin/python -m pytest -q $(EMULATED)
 
-typecheck: $(STAMP)
+typecheck: $(STAMP)  ## mypy --strict over the package
 	$(VENV)/bin/mypy
 
 # jax 0.11.2 (CPU wheels, about 100 MB): the plugin's start-up and its native and
 # ffi modes on an unmodified 8-device program (tests/plugin/test_plugin.py, subprocesses).
-compat: $(COMPAT_STAMP)
+compat: $(COMPAT_STAMP)  ## the plugin on jax 0.11.2, in its own venv
 	$(COMPAT_VENV)/bin/python -m pytest -q tests/plugin/test_plugin.py -k '$(COMPAT_TESTS)'
 
 # The GPU image as this project first meets it: Python 3.12 with jax and jaxlib only
@@ -52,7 +64,7 @@ compat: $(COMPAT_STAMP)
 # now), tools/gpu_check.py's dry run must pass and every tool must start (--help), on
 # the image's jax and on the users'. One venv per version, about 100 MB each, made once.
 BARE_JAX := 0.11.2 0.12.0.1
-gpu-check-bare: $(foreach v,$(BARE_JAX),.venv-bare-jax$(v)/.installed)
+gpu-check-bare: $(foreach v,$(BARE_JAX),.venv-bare-jax$(v)/.installed)  ## the GPU check's dry run and every tool from a bare tree, jax 0.11.2 and 0.12
 	@tree=$$(mktemp -d) && trap 'rm -rf "$$tree"' EXIT && \
 	git ls-files -z --cached --others --exclude-standard \
 	    | tar --null -T - --ignore-failed-read -cf - 2>/dev/null | tar -xf - -C "$$tree" && \
@@ -73,13 +85,13 @@ gpu-check-bare: $(foreach v,$(BARE_JAX),.venv-bare-jax$(v)/.installed)
 	touch $@
 
 # Headless Chromium renders the HTML report in a test (Debian's package; CI runs as root).
-chromium:
+chromium:  ## install Debian's headless Chromium where missing (one browser test)
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 # BUILD under Bazel 4.2.3 (Debian's bazel-bootstrap, offline): builds //... and runs its
 # tests. Bazel's output and caches stay in build/bazel.
 BAZEL := bazel --output_user_root=$(CURDIR)/build/bazel
-bazel-test: $(STAMP)
+bazel-test: $(STAMP)  ## build //... and run its tests under Bazel 4.2.3
 	@command -v bazel >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bazel-bootstrap >/dev/null; }
 	$(BAZEL) test //...
 
@@ -90,7 +102,7 @@ bazel-test: $(STAMP)
 # about 100 MB with what it pulls in, nothing of the venv upgraded); about a minute in all.
 RAY_TEST := tests/tuning/test_ray.py
 RAY_STAMP := $(VENV)/.ray-installed
-ray-test: $(RAY_STAMP)
+ray-test: $(RAY_STAMP)  ## the Ray test, in a loopback-only network namespace (root)
 	@if why=$$(unshare -n true 2>&1); then \
 	    command -v ip >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; }; \
 	    unshare -n sh -c 'ip link set lo up && RAY_USAGE_STATS_ENABLED=0 exec $(VENV)/bin/python -m pytest -q $(RAY_TEST)'; \

@@ -7,10 +7,11 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 # jax >= 0.11 prints an async all-reduce with this attribute, which its own HLO
 # text parser then rejects. Tests that need XLA to parse printed text drop it: it
@@ -126,3 +127,24 @@ class CompiledStandIn:
             temp_size_in_bytes=self.temp,
             peak_memory_in_bytes=self.temp + self.resident,
         )
+
+
+def profiler_trace(kernels: Iterable[tuple[int, str, float, float]]) -> dict[str, Any]:
+    """A trace as jax.profiler writes it (Chrome format): a GPU (pid 1) with a compute
+    stream (tid 7) and two collective streams (13, 14), and ``kernels`` (tid, hlo_op,
+    start and duration in us) on them; each kernel again on the GPU's derived "XLA Ops"
+    line and as the host's launch (pid 9), which a reader must leave out."""
+    meta = [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+        {"ph": "M", "name": "process_name", "pid": 9, "args": {"name": "/host:CPU"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "Stream #7(Compute)"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 13, "args": {"name": "Stream #13"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 14, "args": {"name": "Stream #14"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 900, "args": {"name": "XLA Ops"}},
+    ]  # fmt: skip
+    events = []
+    for tid, op, ts, dur in kernels:
+        for pid, line in ((1, tid), (1, 900), (9, 0)):
+            events.append({"ph": "X", "pid": pid, "tid": line, "name": f"k_{op}", "ts": ts,
+                           "dur": dur if pid == 1 else 5.0, "args": {"hlo_op": op}})  # fmt: skip
+    return {"traceEvents": meta + events}

@@ -154,6 +154,12 @@ def demo() -> str:
     return "$ xla-streams demo\n" + _demo()[0]
 
 
+def demo_end() -> str:
+    """The end of what ``make demo`` prints: the predictions, from its heading on."""
+    out = _demo()[0]
+    return "$ xla-streams demo\n...\n" + out[out.index("What it buys") :]
+
+
 def plugin_log() -> str:
     """What the plugin prints during the demo's compile (standard error)."""
     return _demo()[1]
@@ -276,7 +282,7 @@ def files_table() -> str:
     paths = [
         *sorted((REPO / "xla_streams").rglob("*.py")),
         *sorted((REPO / "passes").glob("*.py")),
-        *sorted((REPO / "tools").glob("*.py")),
+        *sorted((REPO / "tools").rglob("*.py")),
     ]
     rows = ["| file | what it is |", "|---|---|"]
     rows += [f"| `{p.relative_to(REPO)}` | {_cell(_first_sentence(p))} |" for p in paths]
@@ -336,6 +342,7 @@ SAMPLES: dict[str, Callable[[], str]] = {
     "settings": settings_table,
     "plugin-log": plugin_log,
     "demo": demo,
+    "demo-end": demo_end,
     "report": lambda: command(
         "xla-streams report hlo_fixtures/tp_dp_2d.limit4.text.hlo --streams=4"
     ),
@@ -369,6 +376,7 @@ def test_every_sample_in_the_docs_is_one_the_code_makes() -> None:
     assert unknown == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SAMPLES)
 def test_the_docs_show_what_the_code_prints(name: str) -> None:
     shown = [d for d in DOCS if any(b.name == name for b in blocks(d.read_text()))]

@@ -15,6 +15,8 @@ import sys
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 from xla_streams import jax_compat
 
 REPO = Path(__file__).resolve().parent.parent
@@ -86,6 +88,7 @@ def max_in_flight(hlo: str) -> int:
     return best
 
 
+@pytest.mark.slow
 def test_regenerates_byte_for_byte() -> None:
     assert jax_compat.cuda_plugin_module() is not None, (
         "install the gpu-aot extra (jax[cuda12]): pip install -e '.[test,gpu-aot]'"
@@ -182,6 +185,7 @@ def test_scan_fixtures_have_collectives_in_while_bodies() -> None:
         assert in_body, e["file"]
 
 
+@pytest.mark.slow
 def test_limit4_fixtures_overlap_collectives() -> None:
     # Under the pipeline-parallelism opt level XLA keeps its p2p pairs (on the
     # "p2p" stream) back to back, so that fixture has nothing overlapping.

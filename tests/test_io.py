@@ -86,6 +86,7 @@ def test_a_dangling_symlink_creates_its_target(tmp_path: Path) -> None:
     assert link.is_symlink() and (tmp_path / "made.txt").read_text() == "made"
 
 
+@pytest.mark.slow
 def test_the_cli_writes_through_a_symlinked_output(tmp_path: Path) -> None:
     source = tmp_path / "in.hlo"
     source.write_text(MODULE)
@@ -124,6 +125,7 @@ def test_a_fifo_with_a_reader_gets_the_data_and_stays_a_fifo(tmp_path: Path) -> 
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_the_cli_writes_into_a_fifo_with_a_reader(tmp_path: Path) -> None:
     source = tmp_path / "in.hlo"
     source.write_text(MODULE)
@@ -152,6 +154,7 @@ def test_a_fifo_nobody_reads_is_an_error_not_a_hang(tmp_path: Path) -> None:
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 
+@pytest.mark.slow
 def test_the_cli_says_nobody_reads_the_fifo_and_exits_2(tmp_path: Path) -> None:
     source = tmp_path / "in.hlo"
     source.write_text(MODULE)
@@ -204,6 +207,7 @@ def test_a_character_device_is_written_into_and_stays_a_device(tmp_path: Path) -
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_the_cli_writes_into_a_character_device(tmp_path: Path) -> None:
     node = _null_device(tmp_path)
     source = tmp_path / "in.hlo"

@@ -11,6 +11,7 @@ Read from the source (``ast``), every import counted, those inside functions too
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,8 +23,9 @@ LAYERS: list[set[str]] = [
     # nothing of ours; option: how every option is declared and read
     {"_io", "_json", "_log", "_text", "_wire", "xla_options", "jax_compat", "option"},
     {"hlo"},  # the IR
-    # what a collective is; what the ffi runtime runs; every environment variable we read
-    {"collectives", "runtime.abi", "environment"},
+    # what a collective is; what the ffi runtime runs; every environment variable we
+    # read; what XLA's dumps say it ran
+    {"collectives", "runtime.abi", "environment", "xla_dump"},
     {"streams"},  # the analyses: pairs, the deadlock rule, the assignment, verification
     {"simulate", "runtime", "aot", "programs"},  # the simulator calls the analyses
     {"tuning"},  # JAX-free but for the compiles of its candidates
@@ -45,6 +47,7 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("xla_streams.cli", "xla_streams.programs"): "start-up: the demo's flags only",
     ("xla_streams.cli", "xla_streams.cli.demo"): "start-up: JAX, for the demo only",
     ("xla_streams.cli", "xla_streams.cli.simulate"): "start-up: the simulator, for simulate",
+    ("xla_streams.cli", "xla_streams.cli.calibrate"): "start-up: the simulator, for calibrate",
     ("xla_streams.cli", "xla_streams.cli.tune"): "start-up: the tuner, for tune",
     ("xla_streams.cli.opt", "xla_streams.report"): "start-up: opt writes no report (10 ms)",
     ("xla_streams.plugin.hook", "xla_streams.report"): "reports: with a report directory only",
@@ -88,6 +91,7 @@ def _imported(path: Path) -> set[str]:
     return names
 
 
+@functools.cache  # read once for every test here
 def _graph() -> dict[str, set[str]]:
     """Each module of the package -> the modules of the package it imports. The package
     itself is left out: it only names the public API, loaded on first use (PEP 562)."""
@@ -165,7 +169,7 @@ def test_jax_internals_are_touched_in_jax_compat_alone() -> None:
 
 def test_tools_import_the_package_at_the_top_and_nothing_private() -> None:
     private = []
-    for path in sorted((REPO / "tools").glob("*.py")):
+    for path in sorted((REPO / "tools").rglob("*.py")):
         tree = ast.parse(path.read_text())
         top_level = set(map(id, tree.body))
         for node in ast.walk(tree):
@@ -177,9 +181,9 @@ def test_tools_import_the_package_at_the_top_and_nothing_private() -> None:
                 continue
             ours = [n for n in names if n.split(".")[0] == "xla_streams"]
             if ours and id(node) not in top_level:
-                private.append(f"{path.name}:{node.lineno} imports inside a function")
+                private.append(f"{path.relative_to(REPO)}:{node.lineno} imports inside a function")
             private += [
-                f"{path.name}:{node.lineno} {n}"
+                f"{path.relative_to(REPO)}:{node.lineno} {n}"
                 for n in ours
                 if any(part.startswith("_") for part in n.split(".")[1:])
             ]

@@ -206,6 +206,7 @@ def test_json_text_is_valid_stable_and_one_collective_per_line() -> None:
     assert [json.loads(r.rstrip(","))["start"] for r in rows] == ["tp", "dp", "tp2", "sync", "cp"]
 
 
+@pytest.mark.slow
 def test_json_is_identical_across_processes() -> None:
     """The assignment must be the same in every process of a multi-host job."""
     code = (

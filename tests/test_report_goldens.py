@@ -56,6 +56,7 @@ def test_fixtures_are_there() -> None:
     assert len(ALL_FIXTURES) >= 10, "hlo_fixtures/*.hlo are missing"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixture", ALL_FIXTURES, ids=lambda p: p.name)
 def test_golden_matches(fixture: Path, tmp_path: Path) -> None:
     assert golden_of(fixture).exists(), (
@@ -103,6 +104,7 @@ def schedule(fixture: Path) -> dict[str, list[tuple[str, str, str]]]:
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixture", ALL_FIXTURES, ids=lambda p: p.name)
 def test_golden_follows_schema_and_fixture(fixture: Path) -> None:
     report = golden(fixture)
@@ -150,6 +152,7 @@ def test_golden_follows_schema_and_fixture(fixture: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_goldens_are_the_same_in_a_fresh_process(tmp_path: Path) -> None:
     """Byte for byte across processes (hash seeds differ), through the installed CLI."""
     fixture = max(ALL_FIXTURES, key=lambda p: len(golden(p)["collectives"]))

@@ -90,7 +90,6 @@ import dataclasses
 import datetime
 import functools
 import glob
-import gzip
 import importlib.metadata
 import importlib.util
 import json
@@ -115,8 +114,6 @@ for _path in (str(REPO), str(HERE)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from prove_native_streams import thunk_streams  # noqa: E402
-
 import xla_streams  # noqa: E402
 from xla_streams import programs, runtime  # noqa: E402
 from xla_streams.hlo import parse_module  # noqa: E402
@@ -126,12 +123,15 @@ from xla_streams.runtime import abi, calls, emulator  # noqa: E402
 from xla_streams.runtime import build as runtime_build  # noqa: E402
 from xla_streams.runtime.emulator import on_cpu  # noqa: E402
 from xla_streams.simulate import Simulator, get_target  # noqa: E402
-from xla_streams.simulate.calibration import (  # noqa: E402
-    Calibration,
-    compare_kernel_classes,
-    load_calibration,
+from xla_streams.simulate.calibration import calibrate, load_calibration  # noqa: E402
+from xla_streams.simulate.profiler_trace import (  # noqa: E402
+    Kernel,
+    find_trace,
+    gpu_kernels,
+    load_trace,
+    seconds_by_instruction,
 )
-from xla_streams.streams import assign_streams  # noqa: E402
+from xla_streams.xla_dump import thunk_streams  # noqa: E402
 
 SCHEMA = "xla_streams.gpu_check.v1"
 # The whole run; a session has 15 minutes of GPU time for everything, reruns included.
@@ -528,76 +528,6 @@ def check_runtime_log(log: str, report: AssignmentReport) -> tuple[bool, str]:
     )
 
 
-@dataclass(frozen=True)
-class Kernel:
-    """One GPU kernel of a profiler trace, on one CUDA stream (``line``)."""
-
-    line: tuple[int, int]  # (pid, tid)
-    name: str
-    hlo_op: str
-    begin: float  # microseconds
-    duration: float
-
-
-def load_trace(path: Path) -> dict[str, Any]:
-    opener: Callable[..., Any] = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        data: dict[str, Any] = json.load(f)
-    return data
-
-
-def find_trace(log_dir: Path) -> Path:
-    """The Chrome-format trace ``jax.profiler.trace(..., create_perfetto_trace=True)`` wrote."""
-    for pattern in ("perfetto_trace.json.gz", "*.trace.json.gz"):
-        found = sorted(log_dir.glob(f"plugins/profile/*/{pattern}"))
-        if found:
-            return found[-1]
-    raise FileNotFoundError(f"no profiler trace under {log_dir}/plugins/profile")
-
-
-def gpu_kernels(trace: dict[str, Any]) -> tuple[list[Kernel], dict[str, Any]]:
-    """The kernels on the GPUs' CUDA stream lines that carry an ``hlo_op``, and what was
-    found (process and line names), for when the trace is not as expected.
-
-    JAX's traces name a GPU's process ``/device:GPU:N`` and its CUDA streams
-    ``Stream #N(...)``; other lines of the GPU (XLA Ops, XLA Modules) repeat the
-    kernels' times and are left out.
-    """
-    events = trace.get("traceEvents", [])
-    processes = {
-        e["pid"]: e["args"].get("name", "") for e in events if e.get("name") == "process_name"
-    }
-    lines = {
-        (e["pid"], e["tid"]): e["args"].get("name", "")
-        for e in events
-        if e.get("name") == "thread_name"
-    }
-    gpus = {pid for pid, name in processes.items() if "GPU" in name}
-    streams = {key for key, name in lines.items() if key[0] in gpus and name.startswith("Stream")}
-    kernels = [
-        Kernel((e["pid"], e["tid"]), e.get("name", ""), str(e["args"]["hlo_op"]),
-               float(e["ts"]), float(e.get("dur", 0.0)))
-        for e in events
-        if e.get("ph") == "X"
-        and (e.get("pid"), e.get("tid")) in streams
-        and "hlo_op" in e.get("args", {})
-    ]  # fmt: skip
-    found = {
-        "gpu_processes": sorted(processes[p] for p in gpus),
-        "stream_lines": sorted(lines[k] for k in streams),
-        "kernels": len(kernels),
-    }
-    return kernels, found
-
-
-def seconds_by_instruction(kernels: list[Kernel], steps: int) -> dict[str, float]:
-    """Kernel time per HLO instruction in one step."""
-    total: dict[str, float] = {}
-    for k in kernels:
-        total[k.hlo_op] = total.get(k.hlo_op, 0.0) + k.duration * 1e-6
-    return {name: seconds / steps for name, seconds in total.items()}
-
-
 def profile_placement(kernels: list[Kernel], report: AssignmentReport) -> dict[str, Any]:
     """Which CUDA stream the profiler saw each report stream's collective kernels on.
 
@@ -640,37 +570,6 @@ def profile_placement(kernels: list[Kernel], report: AssignmentReport) -> dict[s
         "collective_kernels": len(collective),
         "overlapping_pairs_on_different_streams": overlapping,
     }
-
-
-def calibrate(
-    hlo_text: str, measured: dict[str, float], step_seconds: float, provenance: dict[str, str]
-) -> tuple[Any, dict[str, Any]]:
-    """The calibration (ratios for TARGET) from measured per-instruction kernel times of
-    one step of the module ``hlo_text``, and the figures: per class and per step,
-    predicted (before and after calibration) against measured."""
-    module = parse_module(hlo_text, "<compiled>")
-    target = get_target(TARGET)
-    classes = compare_kernel_classes(module, target, measured)
-    ratios = {c: round(t.ratio, 4) for c, t in classes.items() if t.instructions > 0}
-    calibration = Calibration({TARGET: ratios}, provenance)
-    step = {"measured_ms": round(step_seconds * 1e3, 4)}
-    for name, model in (("predicted", target), ("calibrated", calibration.apply(target))):
-        sim = Simulator(module, model)
-        result = sim.run(assign_streams(sim.pairs, 1, "interval"))
-        step[f"{name}_compute_ms"] = round(result.compute_time * 1e3, 4)
-        # With XLA's real collectives, which mocked NCCL does not run: for reference.
-        step[f"{name}_step_with_collectives_ms"] = round(result.step_time * 1e3, 4)
-    figures = {
-        "ratios": ratios,
-        "classes": {
-            c: {"predicted_ms": round(t.predicted * 1e3, 4),
-                "measured_ms": round(t.measured * 1e3, 4), "instructions": t.instructions}
-            for c, t in classes.items()
-        },
-        "instructions_measured": len(measured),
-        "step": step,
-    }  # fmt: skip
-    return calibration, figures
 
 
 # -- the checks ----------------------------------------------------------------------------
@@ -903,7 +802,7 @@ def check_calibration(
         "tool": "tools/gpu_check.py",
     }
     hlo = (folder / "module.hlo").read_text()
-    calibration, figures = calibrate(hlo, measured, data["step_s"], provenance)
+    calibration, figures = calibrate(hlo, measured, data["step_s"], provenance, TARGET)
     (out / CALIBRATION_FILE).write_text(calibration.to_json())
     record.figures.update(figures, profile=found, pgle=data.get("pgle"))
     if data.get("pgle", {}).get("bytes"):
@@ -1494,7 +1393,7 @@ def dry_run_calibration(out: Path, record: Record) -> None:
         "program": DRY_RUN_MODULE.name,
         "tool": "tools/gpu_check.py --dry-run",
     }
-    calibration, figures = calibrate(text, measured, 0.0, provenance)
+    calibration, figures = calibrate(text, measured, 0.0, provenance, TARGET)
     path = out / CALIBRATION_FILE
     path.write_text(calibration.to_json())
     read_back = load_calibration(path)

@@ -29,10 +29,8 @@ fails, 2 when the proof cannot run here.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
-import re
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -47,53 +45,9 @@ if str(REPO) not in sys.path:
 import xla_streams  # noqa: E402
 from xla_streams import aot, programs  # noqa: E402
 from xla_streams.aot import GpuAotUnavailable  # noqa: E402
-from xla_streams.hlo import parse_module  # noqa: E402
 from xla_streams.plugin import hook  # noqa: E402
+from xla_streams.xla_dump import read_dump, schedule, schedule_difference  # noqa: E402
 from xla_streams.xla_options import MULTI_STREAMING  # noqa: E402
-
-_THUNK_START = re.compile(
-    r"^\s*(\d+): kAsyncStart\b.*?\bstream=(?:communication_stream\[(\d+)\]|(\S+?))[,\s]"
-)
-_METADATA = re.compile(r'profile_annotation: "([^"]*)"\s*thunk_id: (\d+)')
-
-
-def thunk_streams(thunk_sequence: str, thunk_metadata: str) -> dict[str, int | str]:
-    """Instruction name -> the communication stream its async start thunk runs on.
-
-    Nested thunks (while bodies) are included. A stream that is not a
-    communication stream is given by its printed name.
-    """
-    names = {int(i): name for name, i in _METADATA.findall(thunk_metadata)}
-    result: dict[str, int | str] = {}
-    for line in thunk_sequence.splitlines():
-        m = _THUNK_START.match(line)
-        if m is None:
-            continue
-        thunk_id = int(m.group(1))
-        name = names.get(thunk_id, f"<thunk {thunk_id}>")
-        result[name] = int(m.group(2)) if m.group(2) is not None else m.group(3)
-    return result
-
-
-def read_dump(dump_dir: str, module: str) -> tuple[str, dict[str, int | str]]:
-    """(after-optimizations HLO, thunk streams) of ``module`` from an XLA dump folder."""
-
-    def one(suffix: str) -> str:
-        found = sorted(glob.glob(os.path.join(dump_dir, f"*.{module}.{suffix}")))
-        if len(found) != 1:
-            raise RuntimeError(
-                f"expected one *.{module}.{suffix} in {dump_dir}, found {len(found)}"
-            )
-        return Path(found[0]).read_text()
-
-    hlo = one("*after_optimizations.txt")
-    return hlo, thunk_streams(one("thunk_sequence.txt"), one("thunk_metadata.txt"))
-
-
-def schedule(text: str) -> list[list[str]]:
-    """Per computation, the opcodes of its instructions in schedule order (names are
-    renumbered from one compile to the next in a process, opcodes are not)."""
-    return [[i.opcode for i in c.instructions] for c in parse_module(text).computations]
 
 
 @dataclass
@@ -173,7 +127,7 @@ def prove(
     annotated_hlo, annotated = read_dump(os.path.join(root, "annotated"), module)
     plain_hlo, plain = read_dump(os.path.join(root, "plain"), module)
 
-    diff = _first_difference(schedule(plain_hlo), schedule(annotated_hlo))
+    diff = schedule_difference(schedule(plain_hlo), schedule(annotated_hlo))
     proof.checks["the schedule is XLA's own (plugin on == plugin off)"] = diff or "ok"
     for c in report["collectives"]:
         proof.rows.append(
@@ -203,18 +157,6 @@ def prove(
     )
     proof.checks[f"kinds checked: {', '.join(kinds)}"] = "ok" if kinds else "none"
     return proof
-
-
-def _first_difference(a: list[list[str]], b: list[list[str]]) -> str | None:
-    if len(a) != len(b):
-        return f"{len(a)} vs {len(b)} computations"
-    for n, (x, y) in enumerate(zip(a, b, strict=True)):
-        if x != y:
-            i = next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), None)
-            return f"computation {n}: " + (
-                f"position {i}: {x[i]} vs {y[i]}" if i is not None else f"{len(x)} vs {len(y)}"
-            )
-    return None
 
 
 def format_proof(proof: Proof) -> str:

@@ -29,7 +29,6 @@ Exits 0 when every check passes, 1 when one fails, 2 when it cannot run here.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -50,17 +49,7 @@ from xla_streams.plugin import hook  # noqa: E402
 from xla_streams.simulate import Simulator, get_target  # noqa: E402
 from xla_streams.streams import assign_streams, find_async_pairs  # noqa: E402
 from xla_streams.tuning.result import load_tune_result  # noqa: E402
-
-
-def _native_proof() -> Any:
-    """tools/prove_native_streams.py (its dump readers), loaded by path."""
-    path = Path(__file__).resolve().parent / "prove_native_streams.py"
-    spec = importlib.util.spec_from_file_location("prove_native_streams", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from xla_streams.xla_dump import read_dump, schedule, schedule_difference  # noqa: E402
 
 
 @dataclass
@@ -129,16 +118,15 @@ def prove(
     options = {"xla_dump_to": dump, "xla_dump_hlo_as_text": True, "xla_dump_hlo_pass_re": ""}
     text = fn.lower(*args).compile(options).as_text()
     module_name = text.split(",", 1)[0].removeprefix("HloModule ").strip()
-    native = _native_proof()
-    dumped, thunks = native.read_dump(dump, module_name)
+    dumped, thunks = read_dump(dump, module_name)
 
     if expected_hlo is not None:
         # Opcodes per computation, in schedule order: XLA renumbers names from one
         # compile to the next in a process, and the tuner compiled many.
-        expected = native.schedule(Path(expected_hlo).read_text())
-        got = native.schedule(text)
+        expected = schedule(Path(expected_hlo).read_text())
+        got = schedule(text)
         proof.checks["XLA_FLAGS give the schedule the tuner compiled with compile options"] = (
-            "ok" if got == expected else _first_difference(expected, got)
+            schedule_difference(expected, got) or "ok"
         )
     limit = best.xla_flags.get(xla_options.OVERLAP_LIMIT)
     if not isinstance(limit, int):  # XLA's default where the tune result sets none
@@ -176,18 +164,6 @@ def prove(
         else f"{len(apart)} of {len(split)} split pairs run apart"
     )
     return proof
-
-
-def _first_difference(a: list[list[str]], b: list[list[str]]) -> str:
-    if len(a) != len(b):
-        return f"{len(a)} vs {len(b)} computations"
-    for n, (x, y) in enumerate(zip(a, b, strict=True)):
-        if x != y:
-            for i, (u, v) in enumerate(zip(x, y, strict=False)):
-                if u != v:
-                    return f"computation {n}, position {i}: {u} vs {v}"
-            return f"computation {n}: {len(x)} vs {len(y)} instructions"
-    return "ok"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -367,6 +367,7 @@ def test_assign_output_is_accepted_by_xla_with_the_reported_streams(tmp_path: Pa
     assert marked == expected
 
 
+@pytest.mark.slow
 def test_assign_stdin_stdout_and_quiet() -> None:
     source = TP_DP.read_bytes()
     # Module to stdout: the table moves to stderr.
@@ -384,6 +385,7 @@ def test_assign_stdin_stdout_and_quiet() -> None:
     assert (result.returncode, result.stdout, result.stderr) == (0, b"", b"")
 
 
+@pytest.mark.slow
 def test_report_prints_the_table_and_leaves_the_module_alone(tmp_path: Path) -> None:
     copy = tmp_path / "in.hlo"
     shutil.copy(TP_DP, copy)
@@ -399,6 +401,7 @@ def test_report_prints_the_table_and_leaves_the_module_alone(tmp_path: Path) -> 
     assert err(with_json) == table  # the table moved to stderr, unchanged
 
 
+@pytest.mark.slow
 def test_report_and_assign_agree(tmp_path: Path) -> None:
     a, r = tmp_path / "a.json", tmp_path / "r.json"
     assert xla_streams("assign", TEXT, "--json", a, "-q").returncode == 0
@@ -466,6 +469,7 @@ def test_demo_takes_its_flags_like_every_command(monkeypatch: pytest.MonkeyPatch
     fake.Unavailable = RuntimeError  # type: ignore[attr-defined]
     fake.run = lambda *args, **kwargs: calls.append((*args, kwargs["mode"]))  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "xla_streams.cli.demo", fake)
+    monkeypatch.setattr(cli, "demo", fake, raising=False)  # where an import left the real one
     assert cli.main(["demo", "--streams=2", "--mode=aot"], stdout=io.StringIO()) == 0
     assert calls == [("transformer_step", 2, "interval", "aot")]
     stderr = io.StringIO()
@@ -478,6 +482,7 @@ def test_demo_listed_and_explained_without_importing_its_module(
 ) -> None:
     """The demo's module imports JAX: only running the command may import it."""
     monkeypatch.setitem(sys.modules, "xla_streams.cli.demo", None)  # importing it fails
+    monkeypatch.delattr(cli, "demo", raising=False)  # and nothing imported it before
     listing, help_text = io.StringIO(), io.StringIO()
     assert cli.main(["--help"], stdout=listing) == 0
     assert re.search(r"^  demo +Compile the demo transformer step", listing.getvalue(), re.M)
@@ -516,6 +521,7 @@ def test_binary_input_is_named(tmp_path: Path) -> None:
     assert_user_error(xla_streams("report", gz), "is not HLO text (gzip-compressed data", "gunzip")
 
 
+@pytest.mark.slow
 def test_negations_are_accepted_as_people_type_them() -> None:
     result = xla_streams("simulate", TP_DP, "--streams=1,2", "--no-progress")
     assert result.returncode == 0, err(result)
@@ -620,6 +626,7 @@ def test_a_module_xla_would_reject_is_rejected_with_its_place(tmp_path: Path) ->
     assert not (tmp_path / "out.json").exists()
 
 
+@pytest.mark.slow
 def test_two_collectives_over_65536_devices_are_answered_in_a_second_or_so(tmp_path: Path) -> None:
     source = tmp_path / "wide.hlo"
     source.write_text(

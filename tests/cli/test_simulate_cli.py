@@ -31,6 +31,8 @@ from xla_streams.simulate import Simulator, get_target, xla_stream_assignment
 from xla_streams.simulate.prediction import SCHEMA, Prediction, PredictionError
 from xla_streams.simulate.xla_estimate import read_schedule
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 # Ten all-reduces inside one host, in groups of 4: XLA's table prices them.
 TP_DP = REPO / "hlo_fixtures" / "tp_dp_2d.limit4.text.hlo"

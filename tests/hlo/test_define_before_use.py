@@ -298,6 +298,7 @@ def test_the_check_reads_an_operand_list_exactly_when_it_nests() -> None:
         parse_module(bad)
 
 
+@pytest.mark.slow
 def test_the_check_costs_little() -> None:
     """The eager check reads one regex per simple operand list: a module of 20,000
     instructions in one chain parses in well under a second."""

@@ -481,6 +481,12 @@ CASES = [
 # fmt: on
 IDS = [c.id for c in CASES]
 assert len(set(IDS)) == len(IDS)
+# Nesting as deep as the recursion limit takes seconds to refuse: the slow tier.
+DEEP = {"json-nested-past-recursion-limit", "tuple-shape-nested-too-deep"}
+
+
+def params(cases: list[Case]) -> list[object]:
+    return [pytest.param(c, marks=pytest.mark.slow) if c.id in DEEP else c for c in cases]
 
 
 def run_stage(text: str, stage: str, path: str = "bad.hlo") -> None:
@@ -517,7 +523,7 @@ def test_there_are_many_kinds_of_error() -> None:
     assert len(CASES) >= 25
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("case", params(CASES), ids=IDS)
 def test_error_location_and_message(case: Case) -> None:
     err = raise_error(case)
     assert (err.path, err.line, err.column) == ("bad.hlo", case.line, case.column), err.message
@@ -527,7 +533,7 @@ def test_error_location_and_message(case: Case) -> None:
         parse_module(case.text)
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("case", params(CASES), ids=IDS)
 def test_error_text_has_location_and_caret(case: Case) -> None:
     err = raise_error(case, path="dir/x.hlo")
     text = str(err)
@@ -558,7 +564,7 @@ def test_error_text_has_location_and_caret(case: Case) -> None:
 CLI_CASES = [c for c in CASES if c.stage in ("parse", "pairs")]
 
 
-@pytest.mark.parametrize("case", CLI_CASES, ids=[c.id for c in CLI_CASES])
+@pytest.mark.parametrize("case", params(CLI_CASES), ids=[c.id for c in CLI_CASES])
 def test_cli_opt_exits_2_and_writes_nothing(case: Case, tmp_path: Path) -> None:
     import io
 
@@ -576,6 +582,7 @@ def test_cli_opt_exits_2_and_writes_nothing(case: Case, tmp_path: Path) -> None:
     assert case.message in stderr.getvalue()
 
 
+@pytest.mark.slow
 def test_cli_process_exits_2_and_leaves_output_absent(tmp_path: Path) -> None:
     source = tmp_path / "in.hlo"
     source.write_text(edit("%p = f32[8]{0}", "%p = q32[8]{0}"))
@@ -676,6 +683,7 @@ HOSTILE = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("text", "stage", "message"), [h[1:] for h in HOSTILE], ids=[h[0] for h in HOSTILE]
 )

@@ -152,6 +152,7 @@ def iota_forms(draw: st.DrawFn) -> tuple[str, np.ndarray]:
     return text, expected
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(iota_forms())
 def test_iota_matches_numpy(form: tuple[str, np.ndarray]) -> None:
@@ -175,6 +176,7 @@ def mesh_forms(draw: st.DrawFn) -> tuple[str, np.ndarray]:
     return f"mesh[{axes}] {{{refs}}}", expected
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(mesh_forms())
 def test_mesh_axes_match_numpy(form: tuple[str, np.ndarray]) -> None:
@@ -205,6 +207,7 @@ def sub_axis_forms(draw: st.DrawFn) -> tuple[str, np.ndarray]:
     return f"{mesh} {{'{split}':({pre}){size}}}", expected
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(sub_axis_forms())
 def test_sub_axes_match_numpy(form: tuple[str, np.ndarray]) -> None:

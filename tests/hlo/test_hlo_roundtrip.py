@@ -269,6 +269,7 @@ def test_print_unmodified_is_byte_identical(path: Path) -> None:
     assert printed.encode("utf-8") == path.read_bytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", FIXTURES, ids=IDS)
 def test_xla_agrees_on_structure(path: Path) -> None:
     module = ours(path)
@@ -366,6 +367,7 @@ def check_edit(path: Path, module: Module, printed: str) -> object:
     return oracle
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", FIXTURES, ids=IDS)
 def test_annotate_streams_edit_is_canonical(path: Path) -> None:
     module = parse_module(source(path), str(path))
@@ -397,6 +399,7 @@ def test_annotate_streams_edit_is_canonical(path: Path) -> None:
 SMALL_FIXTURES = [p for p in FIXTURES if p.stat().st_size <= EDIT_ALL_MAX_BYTES]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", SMALL_FIXTURES, ids=[p.name for p in SMALL_FIXTURES])
 def test_frontend_attribute_on_every_instruction_is_canonical(path: Path) -> None:
     """A new frontend attribute goes exactly where XLA prints it, on every kind of instruction."""

@@ -546,6 +546,7 @@ SLOW_PATH = [
 # fmt: on
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("text", "message"), [c[1:] for c in SLOW_PATH], ids=[c[0] for c in SLOW_PATH]
 )

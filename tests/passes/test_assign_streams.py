@@ -411,6 +411,7 @@ def _rule_breaks(pairs: list[AsyncPair], assignment: StreamAssignment) -> list[s
     return wrong
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(random_pairs(), st.integers(1, 8), st.sampled_from(["interval", "round-robin"]))
 def test_any_assignment_verifies(pairs: list[AsyncPair], streams: int, policy: str) -> None:
@@ -423,6 +424,7 @@ def test_any_assignment_verifies(pairs: list[AsyncPair], streams: int, policy: s
     verify_streams(pairs, assignment)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(random_pairs(), st.integers(1, 4), st.data())
 def test_verify_streams_refuses_exactly_what_breaks_the_rule(
@@ -451,6 +453,7 @@ def test_verify_streams_refuses_exactly_what_breaks_the_rule(
         verify_streams(pairs, assignment)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(random_pairs(pins=False))
 def test_interval_with_enough_streams_serializes_only_what_the_rule_forces(

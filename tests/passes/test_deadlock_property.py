@@ -185,6 +185,7 @@ def modules(draw: st.DrawFn) -> str:
 MODELS = [StreamModel(), StreamModel(overlap_limit=4, sync_on_compute=True)]
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(
     modules(),

@@ -306,6 +306,7 @@ def test_lower_to_ffi_options() -> None:
 # -- lower-to-ffi: CUDA (the H100 fixtures) ------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", GPU_FIXTURES, ids=os.path.basename)
 def test_cuda_pipeline_on_gpu_fixtures(path: str) -> None:
     text = read(path)

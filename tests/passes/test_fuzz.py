@@ -49,6 +49,8 @@ from xla_streams.passes.base import Compilation, PipelineError
 from xla_streams.pipeline import PassManager, build_pipeline
 from xla_streams.streams import VerificationError, find_async_pairs
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 # Small real modules with every collective form between them: dedicated and
 # wrapped async pairs, send/recv in while bodies, mesh and iota groups, jax 0.12

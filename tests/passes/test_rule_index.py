@@ -16,15 +16,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import re
-import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from bench.hostile import all_reduces
+from bench.hostile import module as hostile_module
 from conftest import ADD_REDUCER, alarm
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -90,6 +89,7 @@ def reference_violation(pairs: list[AsyncPair], stream_of: dict[str, int | None]
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", FIXTURES, ids=[p.name for p in FIXTURES])
 def test_the_index_ties_what_the_definition_ties_on_every_fixture(path: Path) -> None:
     pairs = [
@@ -137,12 +137,14 @@ def random_pairs(draw: st.DrawFn, devices: int = 8, most: int = 14) -> list[Asyn
     return pairs
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(random_pairs())
 def test_the_index_ties_what_the_definition_ties(pairs: list[AsyncPair]) -> None:
     assert names(tied_units(pairs)) == reference_units(pairs)
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(random_pairs(devices=40, most=60))
 def test_the_device_index_path_agrees_too(pairs: list[AsyncPair]) -> None:
@@ -151,6 +153,7 @@ def test_the_device_index_path_agrees_too(pairs: list[AsyncPair]) -> None:
     assert names(tied_units(pairs)) == reference_units(pairs)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(random_pairs(), st.randoms(use_true_random=False))
 def test_verify_finds_a_broken_rule_exactly_when_the_definition_does(
@@ -181,6 +184,7 @@ def reference_serialized(pairs: list[AsyncPair], stream_of: dict[str, int | None
     return by_bound - by_rule, by_rule
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(random_pairs(), st.integers(1, 4), st.sampled_from(["interval", "round-robin"]))
 def test_serialized_counts_what_the_pairwise_sweep_counts(
@@ -195,24 +199,8 @@ def test_serialized_counts_what_the_pairwise_sweep_counts(
 # -- hostile modules --------------------------------------------------------------------
 
 
-def _load_bench_hostile() -> ModuleType:
-    """tools/bench_hostile.py, whose module builders the tests share."""
-    spec = importlib.util.spec_from_file_location(
-        "bench_hostile", REPO / "tools" / "bench_hostile.py"
-    )
-    assert spec is not None and spec.loader is not None
-    loaded = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = loaded  # its dataclasses look their module up there
-    spec.loader.exec_module(loaded)
-    return loaded
-
-
-_BENCH = _load_bench_hostile()
-all_reduces = _BENCH.all_reduces
-
-
 def module(header: str, starts: list[str], dones: list[str]) -> str:
-    return str(_BENCH.module("hostile", header, starts, dones))
+    return hostile_module("hostile", header, starts, dones)
 
 
 def rings(n: int, steps: tuple[int, int]) -> str:
@@ -258,6 +246,7 @@ def run_pipeline(text: str, path: str = "hostile.hlo", streams: int = 4) -> Comp
         return PassManager(passes).run(Compilation(parse_module(text, path)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", HOSTILE.values(), ids=HOSTILE.keys())
 def test_hostile_modules_are_answered_in_seconds(text: str) -> None:
     start = time.perf_counter()
@@ -267,6 +256,7 @@ def test_hostile_modules_are_answered_in_seconds(text: str) -> None:
     assert compilation.assignment is not None and compilation.pairs
 
 
+@pytest.mark.slow
 def test_what_the_hostile_modules_tie() -> None:
     untied = ["singletons-65536", "pairs-65536", "rings-16384", "in-flight-2000-distinct"]
     for name in untied:

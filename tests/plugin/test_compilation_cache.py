@@ -41,6 +41,7 @@ def cache_key() -> Iterator[Any]:
         module.custom_hook = original
 
 
+@pytest.mark.slow
 def test_the_settings_are_part_of_the_key(cache_key: Any, tmp_path: Path) -> None:
     off = cache_key.custom_hook()
     keys = {}
@@ -223,6 +224,7 @@ def run_child(script: Path, cache: Path, settings: dict[str, str]) -> tuple[dict
     return json.loads(line.removeprefix("RESULT ")), result.stderr
 
 
+@pytest.mark.slow
 def test_runs_with_other_settings_never_share_an_executable(tmp_path: Path) -> None:
     script = tmp_path / "child.py"
     script.write_text(CHILD)
@@ -256,6 +258,7 @@ def read_reports(folder: Path) -> dict[str, str]:
     return {p.name: p.read_text() for p in sorted(folder.glob("[!.]*"))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["native round-robin", "ffi round-robin"])
 def test_a_run_on_a_warm_cache_writes_every_module_report(tmp_path: Path, name: str) -> None:
     """No compile hook runs for an executable loaded from the cache: the modules it was
@@ -282,6 +285,7 @@ def test_a_run_on_a_warm_cache_writes_every_module_report(tmp_path: Path, name: 
     assert "(from JAX's" not in cold_log and "without the record" not in warm_log
 
 
+@pytest.mark.slow
 def test_a_hit_without_the_kept_modules_says_so(tmp_path: Path) -> None:
     """An entry whose companion is gone (the cache evicted it, or an older xla-streams wrote
     the entry): the run says which module has no report, and how to compile it again."""

@@ -204,6 +204,7 @@ def _cuda_plugin_library() -> Path | None:
     return None
 
 
+@pytest.mark.slow
 def test_jaxs_cuda_plugin_has_the_option() -> None:
     """What ``strings xla_cuda_plugin.so | grep`` shows: the option is a DebugOptions
     field of the XLA that jax's CUDA plugin carries."""
@@ -229,6 +230,7 @@ COMPILE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_xlas_own_scheduler_reads_the_table(tmp_path: Path) -> None:
     """An unmodified deviceless compile for 8 H100s with the setting in the environment:
     XLA gets the option, reads the table (no abort) and schedules by it (a slow
@@ -271,6 +273,7 @@ def _predicted_ms(trace: Path) -> list[float]:
     return [float(re.search(r"predicted step ([0-9.]+) ms", label).group(1)) for label in labels]  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_the_html_report_prices_collectives_from_the_table(tmp_path: Path) -> None:
     table = write(tmp_path, SLOW)
     c = _compilation()

@@ -496,6 +496,7 @@ def run_collectives_script(
     return on, np.load(tmp_path / "on.npy"), np.load(tmp_path / "off.npy"), reports, dump
 
 
+@pytest.mark.slow
 @needs_entry_point
 def test_unmodified_script_gets_the_plugin_from_the_environment(tmp_path: Path) -> None:
     import numpy as np
@@ -521,6 +522,7 @@ def test_unmodified_script_gets_the_plugin_from_the_environment(tmp_path: Path) 
     assert "jit_step" in module_names_in_dump(dump)
 
 
+@pytest.mark.slow
 @needs_entry_point
 def test_ffi_mode_from_the_environment_runs_our_custom_calls(tmp_path: Path) -> None:
     """XLA_STREAMS_MODE=ffi: every collective of the unmodified script runs as our
@@ -554,6 +556,7 @@ print("REACHED")
 """
 
 
+@pytest.mark.slow
 @needs_entry_point
 @pytest.mark.parametrize(
     ("variables", "expected"),
@@ -604,6 +607,7 @@ print(jax.jit(psum)(jnp.arange(8.0)))
 """
 
 
+@pytest.mark.slow
 @needs_entry_point
 def test_strict_mode_from_the_environment_fails_the_compile(tmp_path: Path) -> None:
     script = tmp_path / "strict.py"
@@ -639,6 +643,7 @@ app.run(main)
 """
 
 
+@pytest.mark.slow
 def test_absl_flags(tmp_path: Path) -> None:
     script = tmp_path / "absl_main.py"
     script.write_text(ABSL_SCRIPT)
@@ -672,6 +677,7 @@ def test_module_docstring_example_is_current() -> None:
     assert "xla_streams.enable(collective_streams=4" in textwrap.dedent(xla_streams.__doc__ or "")
 
 
+@pytest.mark.slow
 def test_byte_scan_finds_every_module_with_collectives() -> None:
     """The hook skips printing and parsing a module only when it surely has no collective."""
     from jaxlib import _hlo
@@ -761,6 +767,7 @@ print("XLA_FLAGS", os.environ["XLA_FLAGS"])
 """
 
 
+@pytest.mark.slow
 def test_a_tune_file_sets_k_the_policy_and_xla_options(tmp_path: Path) -> None:
     """XLA_STREAMS_CONFIG on an unmodified program: the tune result's K and policy, and its
     XLA options in XLA_FLAGS (its overlap limit over native mode's, enums in the short
@@ -795,6 +802,7 @@ def test_a_tune_file_sets_k_the_policy_and_xla_options(tmp_path: Path) -> None:
     assert "XLA_STREAMS_CONFIG" in result.stderr and "best.streams" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("level", "shown"), [("warning", False), ("info", True)])
 def test_log_level_decides_what_the_plugin_prints(tmp_path: Path, level: str, shown: bool) -> None:
     script = tmp_path / "quiet.py"
@@ -857,6 +865,7 @@ def test_one_hardware_queue_keeps_k_streams_and_says_what_it_costs_once(
     assert len(said(caplog)) == 1
 
 
+@pytest.mark.slow
 def test_an_unmodified_script_keeps_its_streams_on_one_hardware_queue(tmp_path: Path) -> None:
     """ffi mode, round-robin over 4 streams, five collectives one after the other: on
     streams 0, 1, 2, 3, 0 with CUDA_DEVICE_MAX_CONNECTIONS=1 as without it."""

@@ -152,6 +152,7 @@ def results(outputs: list[tuple[int, str, str]]) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_two_processes_write_identical_reports(tmp_path: Path) -> None:
     outputs = run_job(tmp_path, WORKER, {"XLA_STREAMS_COLLECTIVE_STREAMS": "4"})
     for code, out, err in outputs:
@@ -181,6 +182,7 @@ def test_two_processes_write_identical_reports(tmp_path: Path) -> None:
 CROSS_PROCESS = "ffi mode on XLA:CPU runs a collective inside one process only"
 
 
+@pytest.mark.slow
 def test_ffi_mode_leaves_collectives_across_processes_to_xla(tmp_path: Path) -> None:
     """Before: every process waited XLA_STREAMS_TIMEOUT_S for the other's devices,
     then failed. Now the module is XLA's: the same results at once, and one warning."""

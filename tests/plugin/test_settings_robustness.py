@@ -326,6 +326,7 @@ def run_python(
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "expected"),
     [

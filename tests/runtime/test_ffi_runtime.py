@@ -24,6 +24,8 @@ import pytest
 from xla_streams import runtime
 from xla_streams.runtime import abi, build
 
+pytestmark = pytest.mark.slow
+
 HERE = os.path.dirname(__file__)
 WORKER = os.path.join(HERE, "ffi_worker.py")
 

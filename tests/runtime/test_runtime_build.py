@@ -88,6 +88,7 @@ def damage(library: Path, how: str) -> None:
         build.record_path(library).write_text(json.dumps({**record, "sha256": "0" * 64}))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["truncated", "emptied", "unrecorded", "misrecorded"])
 def test_damaged_cached_library_is_rebuilt_not_loaded(tmp_path: Path, how: str) -> None:
     env = fake_compiler(tmp_path)
@@ -103,6 +104,7 @@ def test_damaged_cached_library_is_rebuilt_not_loaded(tmp_path: Path, how: str) 
     assert build.is_complete(library)
 
 
+@pytest.mark.slow
 def test_failed_build_leaves_no_library_behind(tmp_path: Path) -> None:
     """The compiler writes a temporary file that only a successful build renames into
     place: a compiler that dies halfway leaves neither a library nor a temporary."""

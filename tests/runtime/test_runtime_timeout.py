@@ -102,6 +102,7 @@ def load_with(value: str) -> str:
     return result.stdout.strip()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["abc", "inf", "1e-9", "0", "nan"])
 def test_bad_environment_timeout_fails_loading_the_runtime(value: str) -> None:
     assert load_with(value) == (
@@ -110,6 +111,7 @@ def test_bad_environment_timeout_fails_loading_the_runtime(value: str) -> None:
     )
 
 
+@pytest.mark.slow
 def test_environment_timeout_reaches_the_runtime() -> None:
     assert load_with("0.25") == "ms 250 s 0.25"
     assert load_with("") == "ms 300000 s 300.0"  # empty: unset

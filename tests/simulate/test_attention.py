@@ -148,6 +148,7 @@ def compiled() -> str:
     return _compile()
 
 
+@pytest.mark.slow
 def test_a_compiled_modules_attention_is_priced_from_the_measurements(compiled: str) -> None:
     module = parse_module(compiled, "attention")
     model = CostModel(module, H100)

@@ -45,6 +45,7 @@ def gemm(
     return GemmShape(b, m, k, n, lhs, rhs, out)
 
 
+@pytest.mark.slow
 def test_the_tables_own_points_come_back_as_measured() -> None:
     for device in ("sm_90", "sm_100_B200"):
         table = default_matmul_table().for_device(device)
@@ -246,6 +247,7 @@ def compiled() -> str:
     return _compile()
 
 
+@pytest.mark.slow
 def test_a_compiled_modules_gemms_are_priced_from_the_table(compiled: str) -> None:
     module = parse_module(compiled, "gemms")
     model = CostModel(module, H100)

@@ -107,6 +107,7 @@ def modules() -> dict[tuple[str, int, int], str]:
     return {(kind, g, n): _compile(kind, g, n) for kind in KINDS for (g, n) in SHAPES}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(("g", "n"), SHAPES, ids=[f"{g}x{n}" for g, n in SHAPES])
 def test_compiled_collectives_within_20_percent_of_xlas_table(
@@ -191,6 +192,7 @@ def test_across_hosts_stays_alpha_beta_with_the_networks_own_efficiency() -> Non
     assert not collective_cost("collective-broadcast", (tuple(range(8)),), MIB, H100).measured
 
 
+@pytest.mark.slow
 def test_targets_read_their_section() -> None:
     for name, key in (("h100", "sm_90"), ("h200", "sm_90"), ("b200", "sm_100_B200")):
         target = get_target(name)
@@ -302,6 +304,7 @@ def test_a_bad_table_says_file_and_line(tmp_path: Path, text: str, message: str)
 # -- the vendored file ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_vendored_table_keeps_xlas_header_and_the_targets_sections() -> None:
     text = DEFAULT_TABLE_PATH.read_text()
     assert text.startswith("# Copyright 2026 The OpenXLA Authors.\n")
@@ -318,6 +321,7 @@ def test_the_vendored_table_keeps_xlas_header_and_the_targets_sections() -> None
     assert len(whole.measurements) == 1808
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("table", ["collective", "matmul"])
 def test_the_vendor_tool_reproduces_the_file_from_jaxlib(table: str) -> None:
     """tools/vendor_perf_table.py --from-plugin --table=... --check: the table compiled

@@ -91,6 +91,7 @@ def test_a_table_published_in_tflops_is_converted_with_maxtexts_own_count() -> N
     assert "492" in row.source.quote and row.tflops_per_device == 492
 
 
+@pytest.mark.slow
 def test_published_flags_are_given_as_jax_012_takes_them() -> None:
     script = _script()
     flags, notes = script.runnable_flags(
@@ -144,6 +145,7 @@ def test_the_docs_show_the_last_full_runs_table() -> None:
     assert script.markdown(table) in (REPO / "docs" / "predictions.md").read_text()
 
 
+@pytest.mark.slow
 def test_an_unknown_row_is_a_usage_error() -> None:
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--rows", "nope"],
@@ -153,6 +155,7 @@ def test_an_unknown_row_is_a_usage_error() -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 @needs_gpu_aot
 def test_the_script_predicts_rows_and_xlas_estimate(tmp_path: Path) -> None:
     out = tmp_path / "published.json"

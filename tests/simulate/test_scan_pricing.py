@@ -24,6 +24,8 @@ from xla_streams.simulate import Simulator, get_target, what_if
 from xla_streams.simulate.cost import CostModel
 from xla_streams.simulate.simulator import COMPUTE_LANE, SIDE_COMPUTE_LANE
 
+pytestmark = pytest.mark.slow
+
 H100 = dataclasses.replace(get_target("h100"), perf_table_key=None)
 REL = 1e-9
 MIB = 1 << 20

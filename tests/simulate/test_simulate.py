@@ -948,6 +948,7 @@ document.body.setAttribute("data-axis-changed", String(before !== svg.querySelec
 </script></body>"""
 
 
+@pytest.mark.slow
 def test_html_renders_with_lanes_in_headless_chromium(tmp_path: Path) -> None:
     binary = _chromium()
     assert binary is not None, "needs headless Chromium: `make test` installs Debian's chromium"
@@ -1043,6 +1044,7 @@ def test_write_visual_report_for_a_compilation(tmp_path: Path) -> None:
     assert "K=2 interval" in text and 'href="module_0001.trace.json"' in text
 
 
+@pytest.mark.slow
 def test_cli_simulate(tmp_path: Path) -> None:
     hlo = tmp_path / "shared.hlo"
     hlo.write_text(SHARED)
@@ -1080,6 +1082,7 @@ def test_cli_simulate(tmp_path: Path) -> None:
 # -- every fixture ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", FIXTURES, ids=[p.name for p in FIXTURES])
 def test_fixture_predictions(path: Path) -> None:
     module = parse_module(path.read_text(encoding="utf-8"), str(path))
@@ -1116,6 +1119,7 @@ def _whatif_script() -> ModuleType:
     return module
 
 
+@pytest.mark.slow
 def test_readme_table_generator_runs(capsys: pytest.CaptureFixture[str]) -> None:
     script = _whatif_script()
     assert script.main([]) == 0

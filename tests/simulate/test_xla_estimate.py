@@ -23,6 +23,8 @@ from xla_streams.simulate.xla_estimate import (
     read_schedule,
 )
 
+pytestmark = pytest.mark.slow
+
 
 def _compile(name: str) -> tuple[str, str]:
     from xla_streams.aot import compile_for_gpu, gpu_topology

@@ -5,7 +5,6 @@ GPU's few minutes go to measuring, not to debugging the script."""
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import importlib.util
 import json
 import subprocess
@@ -15,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import profiler_trace
 
 from xla_streams.report import AssignmentReport, ReportedCollective, ReportSummary
 from xla_streams.runtime import abi
 from xla_streams.simulate.calibration import load_calibration
+from xla_streams.simulate.profiler_trace import gpu_kernels
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tools" / "gpu_check.py"
@@ -36,6 +37,7 @@ def _script() -> Any:
 check = _script()
 
 
+@pytest.mark.slow
 def test_dry_run_plans_and_runs_what_needs_no_gpu(tmp_path: Path) -> None:
     begin = time.monotonic()
     result = subprocess.run(
@@ -83,6 +85,7 @@ print(sorted({{m.split(".")[0] for m in sys.modules}} & {{"jax", "jaxlib", "nump
 """
 
 
+@pytest.mark.slow
 def test_dry_run_imports_neither_jax_nor_numpy(tmp_path: Path) -> None:
     """The package is imported at the top of the script; JAX and numpy only where a
     check that needs the GPU runs."""
@@ -183,31 +186,10 @@ def test_budget_keeps_time_for_later_checks() -> None:
     assert budget.grant(30, 200) == 0
 
 
-# A trace as jax.profiler writes it (Chrome format): a GPU with a compute stream and two
-# collective streams, its derived "XLA Ops" line, and the host.
 def _trace(on_streams: dict[str, int]) -> dict[str, Any]:
-    meta = [
-        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
-        {"ph": "M", "name": "process_name", "pid": 9, "args": {"name": "/host:CPU"}},
-        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "Stream #7(Compute)"}},
-        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 13, "args": {"name": "Stream #13"}},
-        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 14, "args": {"name": "Stream #14"}},
-        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 900, "args": {"name": "XLA Ops"}},
-    ]  # fmt: skip
-
-    def kernel(tid: int, op: str, ts: float, dur: float, pid: int = 1) -> dict[str, Any]:
-        return {"ph": "X", "pid": pid, "tid": tid, "name": f"k_{op}", "ts": ts, "dur": dur,
-                "args": {"hlo_op": op}}  # fmt: skip
-
-    events = [
-        kernel(7, "fusion.1", 0, 100),
-        kernel(7, "custom-call.2", 100, 300),
-        kernel(900, "fusion.1", 0, 100),  # the derived line repeats the kernel
-        kernel(0, "fusion.1", 0, 5, pid=9),  # the host launching it
-    ]
-    for i, (op, tid) in enumerate(on_streams.items()):
-        events.append(kernel(tid, op, 50 + 10 * i, 200))
-    return {"traceEvents": meta + events}
+    """Two kernels on the compute stream, and ``on_streams``: instruction -> its stream."""
+    on = [(tid, op, 50.0 + 10 * i, 200.0) for i, (op, tid) in enumerate(on_streams.items())]
+    return profiler_trace([(7, "fusion.1", 0.0, 100.0), (7, "custom-call.2", 100.0, 300.0), *on])
 
 
 def _collective(start: str, done: str, stream: int | None) -> ReportedCollective:
@@ -240,19 +222,9 @@ def test_the_report_is_read_as_the_plugin_writes_it(tmp_path: Path) -> None:
         check.load_report(tmp_path, "other")
 
 
-def test_kernels_per_instruction_from_a_profiler_trace() -> None:
-    kernels, found = check.gpu_kernels(_trace({"all-gather-start": 13}))
-    assert found["gpu_processes"] == ["/device:GPU:0"]
-    assert found["stream_lines"] == ["Stream #13", "Stream #14", "Stream #7(Compute)"]
-    # Only the CUDA streams' kernels: not the derived line's copy, not the host.
-    assert sorted(k.hlo_op for k in kernels) == ["all-gather-start", "custom-call.2", "fusion.1"]
-    per_step = check.seconds_by_instruction(kernels, steps=2)
-    assert per_step["custom-call.2"] == pytest.approx(150e-6)
-
-
 def test_profile_placement() -> None:
     def placement(streams: dict[str, int]) -> dict[str, Any]:
-        return check.profile_placement(check.gpu_kernels(_trace(streams))[0], REPORT)
+        return check.profile_placement(gpu_kernels(_trace(streams))[0], REPORT)
 
     good = placement({"all-gather-start": 13, "all-reduce-start": 14})
     assert good["readable"] and good["passed"], good
@@ -262,17 +234,6 @@ def test_profile_placement() -> None:
     assert not placement({"all-gather-start": 7, "all-reduce-start": 14})["passed"]  # on compute
     mocked = placement({})
     assert mocked["readable"] is False and "no kernel" in mocked["why"]
-
-
-def test_trace_files_are_found_where_jax_writes_them(tmp_path: Path) -> None:
-    run = tmp_path / "plugins" / "profile" / "2026_08_30_12_00_00"
-    run.mkdir(parents=True)
-    with pytest.raises(FileNotFoundError):
-        check.find_trace(tmp_path)
-    with gzip.open(run / "host.trace.json.gz", "wt") as f:
-        json.dump(_trace({}), f)
-    assert check.find_trace(tmp_path) == run / "host.trace.json.gz"
-    assert check.load_trace(check.find_trace(tmp_path))["traceEvents"]
 
 
 def test_thunk_dump_and_debug_options(tmp_path: Path) -> None:
@@ -318,22 +279,3 @@ def test_xlas_runtime_log() -> None:
     one_stream = log.replace("stream=0x010", "stream=0x000")
     assert not check.check_runtime_log(one_stream, REPORT)[0]
     assert not check.check_runtime_log("nothing ran", REPORT)[0]
-
-
-def test_calibrate_recovers_known_ratios() -> None:
-    from xla_streams.hlo import parse_module
-    from xla_streams.simulate import Simulator, get_target
-
-    text = check.DRY_RUN_MODULE.read_text()
-    kernels = Simulator(parse_module(text), get_target("h200")).kernels()
-    # Measured: matmuls 2x, memory-bound kernels 0.5x the model, one kernel missing.
-    measured = {
-        name: seconds * {"matmul": 2.0, "memory": 0.5}[kind]
-        for name, (kind, seconds) in sorted(kernels.items())[1:]
-        if kind in ("matmul", "memory")
-    }
-    calibration, figures = check.calibrate(text, measured, 1e-3, {"gpu": "test"})
-    assert calibration.ratios == {"h200": {"matmul": 2.0, "memory": 0.5}}
-    step = figures["step"]
-    assert step["measured_ms"] == 1.0
-    assert step["calibrated_compute_ms"] != step["predicted_compute_ms"]

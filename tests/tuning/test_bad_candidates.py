@@ -65,6 +65,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", sorted(CASES))
 def test_a_bad_candidate_is_dropped_with_its_reason_and_the_search_goes_on(stage: str) -> None:
     bad, reason = CASES[stage]

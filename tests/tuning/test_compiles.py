@@ -76,6 +76,7 @@ def small_source() -> ProgramSource:
 # -- topologies ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_topology_shapes_follow_the_nvlink_domains() -> None:
     assert aot.topology_shape(32, 8, 1) == "4x1x8"  # an HGX H100 cluster: a host per domain
     assert aot.topology_shape(32, 8) == "1x4x8"  # all hosts in one domain (the fixtures')
@@ -89,6 +90,7 @@ def test_topology_shapes_follow_the_nvlink_domains() -> None:
     assert {tuple(d.coords) for d in devices if d.id == 9} == {(1, 0, 1)}
 
 
+@pytest.mark.slow
 def test_only_collectives_inside_one_host_are_scale_up_when_hosts_are_domains() -> None:
     """XLA takes a topology partition for one NVLink domain: with each host its own, its
     scale-up domain assignment tags the in-host (tensor parallel) collectives only,
@@ -113,6 +115,7 @@ def test_only_collectives_inside_one_host_are_scale_up_when_hosts_are_domains() 
     assert all(is_tagged for is_tagged, _ in tagged_by_shape[None].values())
 
 
+@pytest.mark.slow
 def test_tune_compiles_for_the_cluster_s_shape() -> None:
     result = xla_streams.tune(
         small_build(), devices=16, devices_per_host=8, levers=["overlap-limit"],
@@ -125,6 +128,7 @@ def test_tune_compiles_for_the_cluster_s_shape() -> None:
 # -- the levers this XLA has ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_this_xla_takes_every_option_the_tuner_searches() -> None:
     source = small_source()
     searched = {
@@ -185,6 +189,7 @@ def test_an_option_this_xla_lacks_is_dropped_from_every_compile() -> None:
 # -- the disk cache and worker processes ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_second_tune_of_an_unchanged_program_compiles_nothing(tmp_path: Path) -> None:
     runs = []
     # Each from the same call site: the program's StableHLO holds the source locations of
@@ -229,6 +234,7 @@ def test_the_cache_key_holds_everything_a_compile_depends_on(tmp_path: Path) -> 
     assert cache.key(base, {"x": True}) != cache.key(base, {"x": 1})
 
 
+@pytest.mark.slow
 def test_worker_processes_compile_what_this_process_compiles() -> None:
     source = small_source()
     options = [{**xo.DEFAULTS, xo.OVERLAP_LIMIT: v} for v in (1, 2)]
@@ -244,6 +250,7 @@ def test_worker_processes_compile_what_this_process_compiles() -> None:
     assert 1 <= default_jobs() <= (os.cpu_count() or 1)
 
 
+@pytest.mark.slow
 def test_jobs_compile_the_batches_in_parallel_with_the_same_result(tmp_path: Path) -> None:
     err = io.StringIO()
     levers = ["overlap-limit", "start-early"]
@@ -260,6 +267,7 @@ def test_jobs_compile_the_batches_in_parallel_with_the_same_result(tmp_path: Pat
     ]
 
 
+@pytest.mark.slow
 def test_cached_compiler_compiles_only_what_it_lacks(tmp_path: Path) -> None:
     class Counting(LocalCompiler):
         calls = 0

@@ -120,6 +120,7 @@ def scan() -> TuneResult:
     return xla_streams.tune(programs.fsdp_scan, devices=8, levers=["overlap-limit"], jobs=0)
 
 
+@pytest.mark.slow
 def test_every_candidate_carries_xla_s_estimate_its_placeholders_left_out(
     scan: TuneResult,
 ) -> None:

@@ -22,6 +22,8 @@ os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # before Ray is imported: it phones
 
 import pytest
 
+pytestmark = pytest.mark.slow  # starts a Ray cluster; `make ray-test` runs it
+
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install -e '.[ray]'")
 INTERFACES = sorted(name for _, name in socket.if_nameindex())
 if INTERFACES != ["lo"]:

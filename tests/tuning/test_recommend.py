@@ -106,6 +106,7 @@ def test_xla_multi_streaming_is_predicted_on_the_streams_xla_gives() -> None:
     assert sorted(set(assignment.stream_of.values()) - {None}) == [0, 1]
 
 
+@pytest.mark.slow
 def test_a_pgle_profile_gives_its_instructions_their_measured_time(tmp_path: Path) -> None:
     plain = _tune()
     profile = tmp_path / "profile.pbtxt"
@@ -119,6 +120,7 @@ def test_a_pgle_profile_gives_its_instructions_their_measured_time(tmp_path: Pat
         _tune(profile=profile)
 
 
+@pytest.mark.slow
 def test_a_perf_table_prices_the_collectives_it_measured(tmp_path: Path) -> None:
     # XLA's own table (the one vendored as the default): the same predictions.
     same = _tune(perf_table=DEFAULT_TABLE_PATH)
@@ -129,6 +131,7 @@ def test_a_perf_table_prices_the_collectives_it_measured(tmp_path: Path) -> None
         _tune(perf_table=bad)
 
 
+@pytest.mark.slow
 def test_inherited_xla_flags_are_shown_in_full_and_dump_flags_warned(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

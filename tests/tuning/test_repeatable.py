@@ -24,6 +24,8 @@ import xla_streams
 from xla_streams import programs
 from xla_streams.tuning.result import TuneResult
 
+pytestmark = pytest.mark.slow
+
 BUDGET = 6  # the baseline, the joint move, then the descent: it stops inside the descent
 CASES = {
     "fsdp_scan": ["overlap-limit", "pipeline-all-gather", "double-buffering", "start-early"],

@@ -72,6 +72,7 @@ def _load(path: Path) -> Any:
     return module
 
 
+@pytest.mark.slow
 def test_a_builder_may_return_a_lowered_and_its_text_tunes_the_same(tmp_path: Path) -> None:
     program = tmp_path / "step.py"
     program.write_text(PROGRAM)
@@ -264,6 +265,7 @@ def flax_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return dump
 
 
+@pytest.mark.slow
 def test_a_flax_model_tunes_from_jax_s_own_dump(flax_dump: Path, tmp_path: Path) -> None:
     out_json = tmp_path / "tune.json"
     code, _, err = _cli(
@@ -281,6 +283,7 @@ def test_a_flax_model_tunes_from_jax_s_own_dump(flax_dump: Path, tmp_path: Path)
     assert json.loads(out_json.read_text())["guarantee"].startswith("no change of one lever")
 
 
+@pytest.mark.slow
 def test_the_flax_dump_gets_the_same_answer_on_a_busy_machine(
     flax_dump: Path, tmp_path: Path
 ) -> None:
@@ -307,6 +310,7 @@ def test_the_flax_dump_gets_the_same_answer_on_a_busy_machine(
     assert spun and min(spun) > 1.0, spun
 
 
+@pytest.mark.slow
 def test_a_collective_matmul_on_another_execution_thread_tunes_to_the_end(
     flax_dump: Path, tmp_path: Path
 ) -> None:

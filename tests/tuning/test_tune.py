@@ -279,6 +279,7 @@ def _tune_fixtures(compiler: _FixtureCompiler, **kwargs: Any) -> TuneResult:
     return tune_lowered(compiler, program="fsdp_scan", devices=8, devices_per_host=8, **kwargs)
 
 
+@pytest.mark.slow
 def test_search_keeps_the_defaults_below_the_margin() -> None:
     compiler = _FixtureCompiler()
     result = _tune_fixtures(compiler)
@@ -317,6 +318,7 @@ def test_search_keeps_the_defaults_below_the_margin() -> None:
     assert strip(again.to_json()) == strip(result.to_json()) and again.best == result.best
 
 
+@pytest.mark.slow
 def test_a_configuration_that_does_not_fit_is_never_recommended(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -379,6 +381,7 @@ def test_the_compile_budget_stops_the_search_in_the_same_place_every_time() -> N
     assert again == calls and second.best == result.best
 
 
+@pytest.mark.slow
 def test_a_calibration_file_reaches_the_simulator(tmp_path: Path) -> None:
     plain = _tune_fixtures(_FixtureCompiler(), levers=["overlap-limit"])
     calibration = tmp_path / "cal.json"
@@ -428,6 +431,7 @@ def scan_result() -> TuneResult:
     return result
 
 
+@pytest.mark.slow
 def test_tune_finds_a_faster_configuration_that_fits(scan_result: TuneResult) -> None:
     r = scan_result
     assert r.program == "fsdp_tp_mlp_scan" and (r.devices, r.devices_per_host) == (16, 8)
@@ -470,6 +474,7 @@ def test_tune_finds_a_faster_configuration_that_fits(scan_result: TuneResult) ->
     assert "all 6 such neighbours checked" in r.guarantee
 
 
+@pytest.mark.slow
 def test_tune_keeps_the_defaults_for_a_dependency_chain() -> None:
     """The overlap limit alone changes nothing on a chain. (With start-early as well,
     the loss's 4-byte all-reduce starts before the backward pass and hides behind it:
@@ -487,6 +492,7 @@ def test_tune_keeps_the_defaults_for_a_dependency_chain() -> None:
     assert "nothing beats them" in r.table() and "dependency chain" in r.table()
 
 
+@pytest.mark.slow
 def test_the_recommendation_really_overlaps_and_lands_on_its_streams(
     scan_result: TuneResult, tmp_path: Path
 ) -> None:
@@ -580,6 +586,7 @@ def test_bad_input_is_one_line_and_exit_2(
     assert all(line.startswith(("[tune ", "Run 'xla-streams tune --help'")) for line in others)
 
 
+@pytest.mark.slow
 def test_the_command_tunes_a_program_file(tmp_path: Path) -> None:
     needs_gpu_aot()
     program = tmp_path / "train.py"

@@ -107,6 +107,18 @@ def _simulate(args: Args) -> int:
     return run_cli(args)
 
 
+def _calibrate_flags() -> Sequence[Option[Any]]:
+    from xla_streams.cli.calibrate import FLAGS
+
+    return FLAGS
+
+
+def _calibrate(args: Args) -> int:
+    from xla_streams.cli.calibrate import run_cli
+
+    return run_cli(args)
+
+
 def _tune_flags() -> Sequence[Option[Any]]:
     from xla_streams.cli.tune import FLAGS
 
@@ -148,6 +160,17 @@ COMMANDS: dict[str, Command] = {
         "each number of streams and policy, with the real stream assignment, and prints the "
         "predicted step time, exposed communication and speedup, against a lower bound. "
         "--trace writes a Perfetto/Chrome trace, --html a self-contained report.",
+    ),
+    "calibrate": Command(
+        "Measure the cost model's error on a GPU: a calibration file from a profiler trace.",
+        "IN.hlo --trace=DIR_OR_FILE",
+        _calibrate,
+        _calibrate_flags,
+        ("steps", "target", "json"),
+        "Reads the kernel times a profiler trace (jax.profiler.trace) measured of the module "
+        "IN.hlo over --steps steps, compares them per kernel class (matmul, memory) with the "
+        "cost model's prediction for --target, and prints the ratios; --json writes them as "
+        "the calibration file that `simulate --calibration` and `tune --calibration` read.",
     ),
     "tune": Command(
         "Find the XLA overlap options and stream count that make a JAX program fastest (JAX).",

@@ -23,10 +23,13 @@ together). A class left out keeps ratio 1. ``provenance`` records where the
 numbers were measured (free-form strings; ``gpu``, ``jax``, ``date`` and
 ``program`` are expected).
 
-Producing one: ``python tools/gpu_check.py OUT_DIR`` on a machine with an
-NVIDIA GPU writes ``OUT_DIR/calibration.json`` (compute classes only: collective
-ratios need two or more GPUs; take them from NCCL's own tests and add them by
-hand). Using one: ``xla-streams simulate IN.hlo --target=h200
+Producing one: :func:`calibrate` from the kernel times a profiler trace measured
+(:mod:`~xla_streams.simulate.profiler_trace`) of one program's module, as
+``xla-streams calibrate TRACE --hlo=MODULE.hlo --target=h200 --json=calibration.json``
+does; ``python tools/gpu_check.py OUT_DIR`` on a machine with an NVIDIA GPU
+measures one and writes ``OUT_DIR/calibration.json``. Both give the compute
+classes only: collective ratios need two or more GPUs; take them from NCCL's own
+tests and add them by hand. Using one: ``xla-streams simulate IN.hlo --target=h200
 --calibration=calibration.json``, or ``load_calibration(path).apply(target)``.
 
 Per-instruction measurements have a format of their own, XLA's PGLE profile
@@ -52,9 +55,10 @@ from typing import Any
 
 from xla_streams import _json
 from xla_streams.collectives import KINDS
-from xla_streams.hlo import Module
+from xla_streams.hlo import Module, parse_module
 from xla_streams.simulate.simulator import Simulator
-from xla_streams.simulate.targets import Target
+from xla_streams.simulate.targets import Target, get_target
+from xla_streams.streams import assign_streams
 
 SCHEMA = "xla_streams.calibration.v1"
 COMPUTE_CLASSES = ("matmul", "memory")
@@ -188,3 +192,45 @@ def compare_kernel_classes(
                 t.predicted + predicted, t.measured + seconds, t.instructions + 1
             )
     return totals
+
+
+def calibrate(
+    hlo_text: str,
+    measured: Mapping[str, float],
+    step_seconds: float | None,
+    provenance: Mapping[str, str],
+    target: str,
+) -> tuple[Calibration, dict[str, Any]]:
+    """The calibration of ``target`` from measured kernel times per instruction of one
+    step (``measured``, as :func:`~xla_streams.simulate.profiler_trace.seconds_by_instruction`
+    gives them) of the module ``hlo_text``, and the figures: per class and for the
+    step's compute, predicted (before and after calibration) against measured
+    (``step_seconds``: the measured step, None when unknown).
+
+    A class no measured instruction belongs to gets no ratio (it stays at 1).
+    """
+    module = parse_module(hlo_text, "<compiled>")
+    model = get_target(target)
+    classes = compare_kernel_classes(module, model, measured)
+    ratios = {c: round(t.ratio, 4) for c, t in classes.items() if t.instructions > 0}
+    calibration = Calibration({target: ratios}, dict(provenance))
+    step: dict[str, float] = {}
+    if step_seconds is not None:
+        step["measured_ms"] = round(step_seconds * 1e3, 4)
+    for name, chosen in (("predicted", model), ("calibrated", calibration.apply(model))):
+        sim = Simulator(module, chosen)
+        result = sim.run(assign_streams(sim.pairs, 1, "interval"))
+        step[f"{name}_compute_ms"] = round(result.compute_time * 1e3, 4)
+        # With the collectives as modelled: for reference (one GPU measures none).
+        step[f"{name}_step_with_collectives_ms"] = round(result.step_time * 1e3, 4)
+    figures = {
+        "ratios": ratios,
+        "classes": {
+            c: {"predicted_ms": round(t.predicted * 1e3, 4),
+                "measured_ms": round(t.measured * 1e3, 4), "instructions": t.instructions}
+            for c, t in classes.items()
+        },
+        "instructions_measured": len(measured),
+        "step": step,
+    }  # fmt: skip
+    return calibration, figures

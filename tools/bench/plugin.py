@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """What the plugin costs a compile: jit compile time with and without it.
 
-    python tools/bench_plugin.py [--runs 7] [--program transformer_step] [--reports]
+    python tools/bench.py plugin [--runs 7] [--program transformer_step] [--reports]
 
 Two figures:
 
@@ -20,14 +19,11 @@ Two figures:
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -36,12 +32,10 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from xla_streams import aot, jax_compat, plugin, xla_options  # noqa: E402
-from xla_streams.plugin import hook  # noqa: E402
-from xla_streams.programs import PROGRAMS  # noqa: E402
+from bench.runner import interleaved, machine, suite_parser
+from xla_streams import aot, jax_compat, plugin, xla_options
+from xla_streams.plugin import hook
+from xla_streams.programs import PROGRAMS
 
 
 def cpu_compile_seconds(program: Any, devices: list[Any]) -> tuple[float, float]:
@@ -65,22 +59,23 @@ def bench_cpu(program_name: str, runs: int, reports: bool) -> dict[str, Any]:
     cpu_compile_seconds(program, devices)  # warm up JAX itself
     plugin.enable(4)
     cpu_compile_seconds(program, devices)  # and the plugin (first import of the passes)
-    on: list[tuple[float, float]] = []
-    off: list[tuple[float, float]] = []
-    in_hook: list[float] = []
-    for i in range(2 * runs):
-        if (i + i // 2) % 2:  # off, on, on, off, off, on, ...: no side is always second
-            plugin.enable(4, report_dir=report_dir)
-            before = hook.stats().seconds
-            on.append(cpu_compile_seconds(program, devices))
-            in_hook.append(hook.stats().seconds - before)
-        else:
-            plugin.disable()
-            off.append(cpu_compile_seconds(program, devices))
+
+    def on() -> tuple[float, float, float]:
+        plugin.enable(4, report_dir=report_dir)
+        before = hook.stats().seconds
+        wall, cpu = cpu_compile_seconds(program, devices)
+        return wall, cpu, hook.stats().seconds - before
+
+    def off() -> tuple[float, float, float]:
+        plugin.disable()
+        return (*cpu_compile_seconds(program, devices), 0.0)
+
+    timed = interleaved({"off": off, "on": on}, runs, warmups=0)
     plugin.disable()
-    wall_on, wall_off = (statistics.median(t[0] for t in runs_) for runs_ in (on, off))
-    cpu_on, cpu_off = (statistics.median(t[1] for t in runs_) for runs_ in (on, off))
-    min_on, min_off = (min(t[0] for t in runs_) for runs_ in (on, off))
+    in_hook = [t[2] for t in timed["on"]]
+    wall_on, wall_off = (statistics.median(t[0] for t in timed[side]) for side in ("on", "off"))
+    cpu_on, cpu_off = (statistics.median(t[1] for t in timed[side]) for side in ("on", "off"))
+    min_on, min_off = (min(t[0] for t in timed[side]) for side in ("on", "off"))
     return {
         "off": wall_off,
         "on": wall_on,
@@ -112,20 +107,21 @@ def bench_gpu(program_name: str, runs: int) -> dict[str, Any] | None:
         return time.perf_counter() - begin
 
     compile_seconds()  # warm up
-    on: list[float] = []
-    off: list[float] = []
-    in_hook: list[float] = []
-    for i in range(2 * runs):
-        if (i + i // 2) % 2:
-            plugin.enable(4)
-            before = hook.stats().seconds
-            on.append(compile_seconds())
-            in_hook.append(hook.stats().seconds - before)
-        else:
-            plugin.disable()
-            off.append(compile_seconds())
+
+    def on() -> tuple[float, float]:
+        plugin.enable(4)
+        before = hook.stats().seconds
+        seconds = compile_seconds()
+        return seconds, hook.stats().seconds - before
+
+    def off() -> tuple[float, float]:
+        plugin.disable()
+        return compile_seconds(), 0.0
+
+    timed = interleaved({"off": off, "on": on}, runs, warmups=0)
     plugin.disable()
-    compile_off, compile_on = statistics.median(off), statistics.median(on)
+    in_hook = [t[1] for t in timed["on"]]
+    compile_off, compile_on = (statistics.median(t[0] for t in timed[s]) for s in ("off", "on"))
     return {
         "off": compile_off,
         "on": compile_on,
@@ -135,14 +131,15 @@ def bench_gpu(program_name: str, runs: int) -> dict[str, Any] | None:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str]) -> int:
+    parser = suite_parser("plugin", __doc__)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--program", default="transformer_step")
     parser.add_argument("--reports", action="store_true", help="also write reports (CPU)")
     parser.add_argument("--no-gpu", action="store_true", help="skip the deviceless GPU figure")
     ns = parser.parse_args(argv)
     cpu = bench_cpu(ns.program, ns.runs, ns.reports)
+    print(machine())
     print(
         f"CPU jit compile of {ns.program} (8 host devices), median of {cpu['runs']} fresh "
         f"compiles each:\n"
@@ -164,7 +161,3 @@ def main(argv: list[str] | None = None) -> int:
                 f"itself {gpu['hook'] * 1000:.1f} ms ({gpu['changed']} modules annotated)"
             )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

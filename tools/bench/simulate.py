@@ -1,7 +1,7 @@
 """How long the simulator takes next to the assign pipeline, as a ratio.
 
-    python tools/bench_simulate.py                  # the largest hlo_fixtures/*.hlo
-    python tools/bench_simulate.py IN.hlo --repeat 9 --check
+    python tools/bench.py simulate                  # the largest hlo_fixtures/*.hlo
+    python tools/bench.py simulate IN.hlo --repeat 9 --check
 
 Both sides start from the module text, in-process, with the front end's shape
 cache cleared before every run, and run interleaved after one warm-up each:
@@ -20,23 +20,17 @@ trace and HTML (reported, not part of the target).
 
 from __future__ import annotations
 
-import argparse
-import gc
 import statistics
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from xla_streams.collectives import POLICIES  # noqa: E402
-from xla_streams.hlo import parse_module, parse_shape  # noqa: E402
-from xla_streams.passes.base import Compilation  # noqa: E402
-from xla_streams.pipeline import PassManager  # noqa: E402
-from xla_streams.simulate import Simulator, get_target, what_if  # noqa: E402
-from xla_streams.simulate.visual import pictures  # noqa: E402
+from bench.runner import REPO, interleaved, measure, suite_parser, verdict
+from xla_streams.collectives import POLICIES
+from xla_streams.hlo import parse_module, parse_shape
+from xla_streams.passes.base import Compilation
+from xla_streams.pipeline import PassManager
+from xla_streams.simulate import Simulator, get_target, what_if
+from xla_streams.simulate.visual import pictures
 
 ASSIGN = "find-async-pairs,assign-streams{streams=4},verify-streams,annotate-streams"
 STREAMS = (1, 2, 4, 8)
@@ -73,18 +67,10 @@ def simulate(text: str, path: str, with_pictures: bool) -> Callable[[], None]:
     return run
 
 
-def _time(fn: Callable[[], None]) -> float:
-    gc.collect()
-    begin = time.perf_counter()
-    fn()
-    return time.perf_counter() - begin
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str]) -> int:
+    parser = suite_parser("simulate", __doc__, check="the ratio is above its target")
     parser.add_argument("path", nargs="?", type=Path, help="default: the largest fixture")
     parser.add_argument("--repeat", type=int, default=7, help="timed runs of each (>= 5)")
-    parser.add_argument("--check", action="store_true", help="exit 1 above the target ratio")
     parser.add_argument("--pictures", action="store_true", help="also time trace + HTML")
     args = parser.parse_args(argv)
     if args.repeat < 5:
@@ -99,12 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     sides = {"assign": assign(text, str(path)), "simulate": simulate(text, str(path), False)}
     if args.pictures:
         sides["simulate+pictures"] = simulate(text, str(path), True)
-    for fn in sides.values():
-        fn()  # warm-up: imports, first-call costs
-    times: dict[str, list[float]] = {name: [] for name in sides}
-    for _ in range(args.repeat):
-        for name, fn in sides.items():
-            times[name].append(_time(fn))
+    times = interleaved({n: lambda fn=fn: measure(fn) for n, fn in sides.items()}, args.repeat)
     medians = {name: statistics.median(ts) for name, ts in times.items()}
     print(f"module: {path.relative_to(REPO) if path.is_relative_to(REPO) else path} "
           f"({len(text) >> 10} KiB), median of {args.repeat} runs")  # fmt: skip
@@ -112,14 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         spread = f"min {min(times[name]) * 1e3:.1f} max {max(times[name]) * 1e3:.1f}"
         print(f"  {name:<18} {median * 1e3:9.1f} ms   ({spread} ms)")
     ratio = medians["simulate"] / medians["assign"]
-    verdict = "ok" if ratio <= TARGET_RATIO else "MISSED"
-    print(f"simulate / assign = {ratio:.2f}  (target <= {TARGET_RATIO:.1f}: {verdict})")
+    print(f"simulate / assign = {ratio:.2f}  (target <= {TARGET_RATIO:.1f})")
     if args.pictures:
         print(
             f"simulate+pictures / assign = {medians['simulate+pictures'] / medians['assign']:.2f}"
         )
-    return 1 if args.check and ratio > TARGET_RATIO else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    missed = [f"simulate / assign = {ratio:.2f}"] if ratio > TARGET_RATIO else []
+    return verdict(missed, args.check)

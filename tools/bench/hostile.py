@@ -6,8 +6,8 @@ runs the whole ``xla-streams assign`` command in this process (parse, find-async
 assign-streams, verify-streams, the report; outputs into a temporary folder) and prints
 its wall time, the median of ``--repeat`` runs::
 
-    python tools/bench_hostile.py              # every case, 3 runs each
-    python tools/bench_hostile.py --repeat 5 --only rings
+    python tools/bench.py hostile              # every case, 3 runs each
+    python tools/bench.py hostile --repeat 5 --only rings
 
 The targets are the ones the project promises: two overlapping collectives over
 65,536 devices in under 1 s, 2,000 pairs in flight in under 2 s (``--check`` makes the
@@ -18,22 +18,17 @@ that names the file, line and column.
 
 from __future__ import annotations
 
-import argparse
 import io
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-# Use this checkout's xla_streams even if another copy is installed.
-sys.path.insert(0, str(REPO))
-
-from xla_streams.cli import main as xla_streams_main  # noqa: E402
-from xla_streams.streams.rule import MAX_RULE_WORK  # noqa: E402
+from bench.runner import machine, suite_parser, verdict
+from xla_streams.cli import main as xla_streams_main
+from xla_streams.streams.rule import MAX_RULE_WORK
 
 HEAD = """\
 %add (a: f32[], b: f32[]) -> f32[] {
@@ -158,26 +153,23 @@ def run_once(path: Path, out: Path) -> tuple[float, int, str]:
     return time.perf_counter() - start, code, stderr.getvalue()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str]) -> int:
+    parser = suite_parser("hostile", __doc__, check="a case misses its target")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per case (median)")
     parser.add_argument("--only", action="append", help="run only cases whose name has this")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     cases = [c for c in CASES if not args.only or any(o in c.name for o in args.only)]
     missed = []
-    print(f"python {sys.version.split()[0]}; rule budget MAX_RULE_WORK={MAX_RULE_WORK:,}")
+    print(f"{machine()}; rule budget MAX_RULE_WORK={MAX_RULE_WORK:,}")
     print(f"{'case':26s} {'KB':>7s} {'median s':>9s} {'target':>7s}  result")
     with tempfile.TemporaryDirectory(prefix="xla_streams_hostile.") as tmp:
         folder = Path(tmp)
         for case in cases:
             path = folder / f"{case.name}.hlo"
             path.write_text(case.build())
-            times, code, message = [], 0, ""
-            for _ in range(args.repeat):
-                seconds, code, message = run_once(path, folder)
-                times.append(seconds)
-            median = statistics.median(times)
+            runs = [run_once(path, folder) for _ in range(args.repeat)]
+            median = statistics.median(seconds for seconds, _, _ in runs)
+            _, code, message = runs[-1]
             if case.refused:
                 head = message.split("\n", 1)[0]
                 ok = code == 2 and head.startswith(f"{path}:") and "deadlock rule" in head
@@ -190,10 +182,4 @@ def main() -> int:
                 missed.append(case.name)
             size = path.stat().st_size // 1024
             print(f"{case.name:26s} {size:7d} {median:9.3f} {target:>7s}  {result}")
-    if missed:
-        print(f"missed: {', '.join(missed)}")
-    return 1 if missed and args.check else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return verdict(missed, args.check)

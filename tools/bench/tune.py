@@ -1,10 +1,10 @@
 """How long `xla-streams tune` takes, and what it finds, on the embedded programs or on
 JAX dumps.
 
-    JAX_PLATFORMS=cpu python tools/bench_tune.py                     # fsdp_tp_scan, fsdp_chain
-    JAX_PLATFORMS=cpu python tools/bench_tune.py fsdp_tp_mlp_scan --budget-s 900 --jobs 2
-    JAX_PLATFORMS=cpu python tools/bench_tune.py --dump DIR --devices-per-host 4
-    JAX_PLATFORMS=cpu python tools/bench_tune.py fsdp_tp_scan --budget-s 300 --check
+    python tools/bench.py tune                     # fsdp_tp_scan, fsdp_chain
+    python tools/bench.py tune fsdp_tp_mlp_scan --budget-s 900 --jobs 2
+    python tools/bench.py tune --dump DIR --devices-per-host 4
+    python tools/bench.py tune fsdp_tp_scan --budget-s 300 --check
 
 For each program: the compiles (and how many the disk cache held), the wall time
 against the budget, the topology, the predicted speedup of the recommendation with
@@ -18,19 +18,16 @@ the overlap limit and start-early together do, about 1.05x predicted).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # deviceless compiles; before JAX starts
 
-from xla_streams import programs  # noqa: E402
-from xla_streams.tuning.driver import tune, tune_path  # noqa: E402
-from xla_streams.tuning.result import DEFAULT_BUDGET_S, TuneError, TuneResult  # noqa: E402
+from bench.runner import machine, suite_parser, verdict
+from xla_streams import programs
+from xla_streams.tuning.driver import tune, tune_path
+from xla_streams.tuning.result import DEFAULT_BUDGET_S, TuneError, TuneResult
 
 EXPECTED_SPEEDUP = {"fsdp_tp_scan": 1.1}
 # Programs where nothing large can overlap: the most their recommendation may gain.
@@ -54,8 +51,8 @@ def _line(name: str, result: TuneResult, wall: float, budget_s: float) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+def main(argv: list[str]) -> int:
+    parser = suite_parser("tune", __doc__, check="a run misses its budget or its expected gain")
     parser.add_argument("programs", nargs="*", default=None)
     parser.add_argument("--dump", action="append", default=[], help="a JAX_DUMP_IR_TO folder")
     parser.add_argument("--devices-per-host", type=int, default=8)
@@ -64,7 +61,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=None)
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--levers", default=None, help="comma-separated lever names")
-    parser.add_argument("--check", action="store_true")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     args = parser.parse_args(argv)
     names = args.programs if args.programs or args.dump else ["fsdp_tp_scan", "fsdp_chain"]
@@ -78,21 +74,26 @@ def main(argv: list[str] | None = None) -> int:
     }
     failures = []
     runs: list[tuple[str, TuneResult, float]] = []
-    for name in names:
-        spec = programs.PROGRAMS[name]
-        begin = time.perf_counter()
-        result = tune(
-            spec.build,
-            devices=spec.num_devices,
-            devices_per_host=spec.devices_per_host,
-            program=name,
-            **common,
-        )
-        runs.append((name, result, time.perf_counter() - begin))
-    for folder in args.dump:
-        begin = time.perf_counter()
-        result = tune_path(folder, devices_per_host=args.devices_per_host, **common)
-        runs.append((result.program, result, time.perf_counter() - begin))
+    try:
+        for name in names:
+            spec = programs.PROGRAMS[name]
+            begin = time.perf_counter()
+            result = tune(
+                spec.build,
+                devices=spec.num_devices,
+                devices_per_host=spec.devices_per_host,
+                program=name,
+                **common,
+            )
+            runs.append((name, result, time.perf_counter() - begin))
+        for folder in args.dump:
+            begin = time.perf_counter()
+            result = tune_path(folder, devices_per_host=args.devices_per_host, **common)
+            runs.append((result.program, result, time.perf_counter() - begin))
+    except TuneError as e:  # no GPU compiler here, or the program failed: say which
+        print(f"bench tune: {e}", file=sys.stderr)
+        return 2
+    print(machine())
     for name, result, wall in runs:
         print(_line(name, result, wall, args.budget_s))
         if wall > args.budget_s:
@@ -104,13 +105,4 @@ def main(argv: list[str] | None = None) -> int:
                 f"{name}: recommends {result.best.settings} at {result.speedup:.3f}x, "
                 f"not under {AT_MOST[name]}x"
             )
-    for failure in failures:
-        print(f"FAIL {failure}")
-    return 1 if args.check and failures else 0
-
-
-if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except TuneError as e:  # no GPU compiler here, or the program failed: say which
-        sys.exit(f"{Path(__file__).name}: {e}")
+    return verdict(failures, args.check)

@@ -1,16 +1,17 @@
 """Cost of one ffi-mode start/done pair against XLA's own collective, host backend.
 
-    python tools/bench_ffi.py                       # 8 CPU devices, 1 KiB .. 16 MiB
-    python tools/bench_ffi.py --sizes 256 65536 --repeat 15 --loop 200
+    python tools/bench.py ffi                       # 8 CPU devices, 1 KiB .. 16 MiB
+    python tools/bench.py ffi --sizes 256 65536 --repeat 15 --loop 200
 
 The program is ``fori_loop(loop, x -> psum(x) * c)`` under ``shard_map`` on 8
 host devices, so each call runs ``--loop`` all-reduces of ``size`` f32 per
 device back to back and the per-call dispatch is amortised away (by default the
 loop is shorter the larger the message). It runs with XLA's own (synchronous)
 CPU all-reduce and with the ffi pipeline (asyncify ... lower-to-ffi{backend=host}),
-calls of the two interleaved after a warm-up each. Reported: the median over
+calls of the two interleaved after two warm-ups each. Reported: the median over
 ``--repeat`` calls of the time per collective, and the median over the pairs of
-calls (XLA's, then ffi's, which saw about the same load) of the ratio ffi / XLA.
+calls (one of each, run one after the other: they saw about the same load) of the
+ratio ffi / XLA.
 
 With nothing to overlap, the ratio is the pure cost of the runtime: the
 rendezvous, the hand-off to the stream workers (none for small messages, which
@@ -24,14 +25,12 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import argparse
 import platform
 import statistics
 import time
@@ -44,15 +43,12 @@ import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-REPO = Path(__file__).resolve().parent.parent
-# Use this checkout's xla_streams even if another copy is installed.
-sys.path.insert(0, str(REPO))
-
-from xla_streams import runtime  # noqa: E402
-from xla_streams.pipeline import build_pipeline  # noqa: E402
-from xla_streams.plugin import hook  # noqa: E402
-from xla_streams.plugin.xla_module import module_text  # noqa: E402
-from xla_streams.runtime import abi  # noqa: E402
+from bench.runner import interleaved, suite_parser
+from xla_streams import runtime
+from xla_streams.pipeline import build_pipeline
+from xla_streams.plugin import hook
+from xla_streams.plugin.xla_module import module_text
+from xla_streams.runtime import abi
 
 FFI = {"on": False, "lowered": 0}
 
@@ -106,8 +102,8 @@ def label(size: int) -> str:
     return f"{kib // 1024} MiB" if kib >= 1024 else f"{kib} KiB"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str]) -> int:
+    parser = suite_parser("ffi", __doc__)
     parser.add_argument(
         "--sizes", type=int, nargs="+", default=[256, 16384, 262144, 4194304], help="f32/device"
     )
@@ -132,15 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         loop = args.loop or loop_for(size)
         native, ffi, x = compile_both(size, loop)
         np.testing.assert_allclose(np.asarray(native(x)), np.asarray(ffi(x)), rtol=1e-6)
-        times: dict[str, list[float]] = {"native": [], "ffi": []}
-        for _ in range(2):  # warm-up
-            timed(native, x)
-            timed(ffi, x)
-        for _ in range(args.repeat):
-            times["native"].append(timed(native, x))
-            times["ffi"].append(timed(ffi, x))
+        sides = {"native": native, "ffi": ffi}
+        times = interleaved(
+            {k: lambda f=f, x=x: timed(f, x) for k, f in sides.items()}, args.repeat, warmups=2
+        )
         per_op = {k: statistics.median(v) / loop * 1e6 for k, v in times.items()}
-        # Each ffi call against the XLA call just before it, which saw the same load.
+        # Each ffi call against the XLA call of its round, which saw the same load.
         ratio = statistics.median(f / n for f, n in zip(times["ffi"], times["native"], strict=True))
         print(
             f"{label(size):>11} {size * 4:>9} {loop:>5} {per_op['native']:>10.1f} "
@@ -148,7 +141,3 @@ def main(argv: list[str] | None = None) -> int:
         )
         sys.stdout.flush()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
