@@ -29,7 +29,7 @@ check: $(STAMP)  ## ruff, mypy and the fast tests, the FileCheck goldens among t
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(MAKE) --no-print-directory typecheck
-	$(VENV)/bin/python -m pytest -q -m 'not slow' --ignore=$(EMULATED)
+	$(VENV)/bin/python -m pytest -q -m 'not slow' --ignore=$(EMULATED) --ignore=$(RAY_TEST)
 
 test: $(STAMP) chromium compat bazel-test  ## everything: check's steps, the slow tests, jax 0.11.2, Bazel, the GPU check from a bare tree, the emulated CUDA runtime, Ray
 	$(VENV)/bin/ruff check .
