@@ -51,7 +51,7 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("xla_streams.plugin.settings", "xla_streams.simulate.measured"): (
         "the simulator: only with the perf_table setting"
     ),
-    ("xla_streams.hlo.module", "xla_streams.hlo.layout"): (
+    ("xla_streams.hlo.reader", "xla_streams.hlo.layout"): (
         "the reader of hand-written layouts: only when XLA's own printing does not parse"
     ),
     ("xla_streams.runtime", "xla_streams.runtime.build"): (
