@@ -21,13 +21,8 @@ import pytest
 
 from xla_streams import xla_options as xo
 from xla_streams.tuning.levers import Facts, Lever, canonical, flags_of, levers
-from xla_streams.tuning.search import (
-    MIN_GAIN,
-    BudgetSpent,
-    Outcome,
-    neighbours,
-    search,
-)
+from xla_streams.tuning.search import MIN_GAIN, SearchOutcome, neighbours, search
+from xla_streams.tuning.session import BudgetSpent
 
 DATA = Path(__file__).resolve().parent / "data"
 GRID = json.loads((DATA / "grid_fsdp_tp_mlp_scan.json").read_text())
@@ -133,7 +128,7 @@ def test_any_lever_order_finds_it_too() -> None:
 
 def test_the_budget_stops_the_search_and_it_claims_nothing() -> None:
     recorded = RecordedPredictions(GRID, budget=6)
-    outcome: Outcome = search(recorded, grid_levers())
+    outcome: SearchOutcome = search(recorded, grid_levers())
     assert not outcome.certified and outcome.guarantee.startswith("none")
     assert any("budget" in note for note in outcome.notes)
     assert len(recorded.compiled) == 6
