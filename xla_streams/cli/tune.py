@@ -54,7 +54,7 @@ def command_flags() -> list[flags.Flag]:
     """The flags of ``xla-streams tune``."""
     return [
         flags.string(
-            "program", None, "An embedded program (xla_streams/programs.py) to tune instead of "
+            "program", None, "An embedded program (xla_streams/programs/) to tune instead of "
             "PROGRAM.py; its own device counts are the defaults."
         ),
         *(option_flag(option) for option in _SPELLED),
