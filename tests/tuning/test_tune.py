@@ -27,7 +27,7 @@ import xla_streams
 from xla_streams import _json, cli, xla_options
 from xla_streams.tuning import driver, recommendation
 from xla_streams.tuning.driver import tune_lowered
-from xla_streams.tuning.levers import Facts, canonical, describe, levers
+from xla_streams.tuning.levers import CollectiveCensus, canonical, describe, levers
 from xla_streams.tuning.result import (
     MAX_TUNE_FILE_BYTES,
     SCHEMA,
@@ -78,12 +78,12 @@ def test_options_in_words_and_the_command_xla_parses() -> None:
 
 
 def test_one_table_of_options_types_and_ranges_every_setting_the_tuner_writes() -> None:
-    facts = Facts(8, 8, frozenset({"all-gather", "reduce-scatter", "all-reduce"}), frozenset(),
+    census = CollectiveCensus(8, 8, frozenset({"all-gather", "reduce-scatter", "all-reduce"}), frozenset(),
                   True, 0, kind_bytes=(("all-reduce", 1 << 30), ("all-gather", 1 << 30)),
                   layer_bytes=(("all-gather", 100 << 20),))  # fmt: skip
     for name, value in xla_options.DEFAULTS.items():
         assert xla_options.check_option(name, value) == value
-    for lever in levers(facts):
+    for lever in levers(census):
         for setting in lever.settings:
             for name, value in setting.items():
                 # What a search may recommend, a tune file may hold, and XLA_FLAGS spell.

@@ -13,7 +13,7 @@ Each concept has one module, each importing only those above it in this list:
 
 - :mod:`~xla_streams.tuning.levers`: XLA's overlap levers (``Lever``: its names,
   the words of its options, its settings; ``levers()``, ``LEVER_NAMES``), the
-  ``Facts`` of a module that say which can act (``module_facts``), ``canonical``
+  ``CollectiveCensus`` of a module that says which can act (``collective_census``), ``canonical``
   option sets, and the options in words (``describe``).
 - :mod:`~xla_streams.tuning.result`: what a search found and its file:
   ``Configuration`` (with the predicted step's range), ``TuneResult`` (schema

@@ -431,14 +431,14 @@ def _compiler(
 
 def _levers(session: Session) -> tuple[list[Lever], list[str]]:
     """The levers to search, in order, and those skipped with the reason."""
-    assert session.facts is not None
+    assert session.census is not None
     options = session.options
-    every = {lv.name: lv for lv in levers(session.facts, max(options.streams))}
+    every = {lv.name: lv for lv in levers(session.census, max(options.streams))}
     wanted = list(every) if options.levers is None else list(options.levers)
     chosen, skipped = [], []
     for name in wanted:
         lever = every[name]
-        why = lever.skip(session.facts)
+        why = lever.skip(session.census)
         missing = sorted(lever.options & session.unavailable)
         if missing:
             settings = tuple(s for s in lever.settings if not set(s) & session.unavailable)

@@ -23,7 +23,7 @@ from xla_streams.simulate import (
     xla_stream_assignment,
 )
 from xla_streams.streams import AsyncPair, assign_streams, find_async_pairs, max_in_flight
-from xla_streams.tuning.levers import Facts, Flags, overlap_limit
+from xla_streams.tuning.levers import CollectiveCensus, Flags, overlap_limit
 from xla_streams.tuning.result import Configuration, XlaOpinion, first_line
 
 Key = tuple[int, str]  # (K, policy)
@@ -161,7 +161,7 @@ class Evaluation:
     results: Predictions
     ranges: Mapping[Key, PredictionRange]
     what: WhatIf | None
-    facts: Facts
+    census: CollectiveCensus
     label: str = ""
     text: str = ""  # the scheduled module, as compiled.as_text() prints it
     fingerprint: str = ""  # SHA-256 of text

@@ -219,11 +219,11 @@ def xla_flags_notes(xla_flags: str) -> list[str]:
 def _why_not(session: Session, best: Evaluation | None, baseline_step: float) -> list[str]:
     """Why nothing beats XLA's defaults, from the baseline's simulation and the search."""
     base = session.baseline
-    assert base is not None and session.facts is not None
-    facts = session.facts
+    assert base is not None and session.census is not None
+    census = session.census
     what = base.what
     out: list[str] = []
-    if facts.collectives == 0:
+    if census.collectives == 0:
         return ["the program has no collectives"]
     step, exposed = base.results[(1, DEFAULT_POLICY)]
     if exposed <= 0.01 * step:
@@ -236,7 +236,7 @@ def _why_not(session: Session, best: Evaluation | None, baseline_step: float) ->
             "collectives form a dependency chain: each one's input comes from the compute "
             "just before it and its result is needed just after, so even every collective "
             "on its own stream would not be faster "
-            f"({facts.sync_collectives} of {facts.collectives} run synchronously, "
+            f"({census.sync_collectives} of {census.collectives} run synchronously, "
             f"{exposed * 1e3:.3f} ms of {step * 1e3:.3f} ms exposed)"
         )
     elif what is not None and what.rule_bound.step_time >= step * (1 - MIN_SPEEDUP):

@@ -26,11 +26,11 @@ from xla_streams.tuning.evaluation import (
     predict,
 )
 from xla_streams.tuning.levers import (
-    Facts,
+    CollectiveCensus,
     Flags,
+    collective_census,
     describe,
     format_bytes,
-    module_facts,
     overlap_limit,
 )
 from xla_streams.tuning.options import TuneOptions
@@ -100,7 +100,7 @@ class Session:
     dropped: dict[str, Dropped] = field(default_factory=dict)  # key -> why it was dropped
     durations: list[float] = field(default_factory=list)  # seconds per real compile
     predict_durations: list[float] = field(default_factory=list)  # seconds per prediction
-    facts: Facts | None = None
+    census: CollectiveCensus | None = None
     baseline: Evaluation | None = None
     unavailable: frozenset[str] = frozenset()  # options this XLA does not have
     compiled: int = 0  # real compiles (not from the cache)
@@ -249,8 +249,8 @@ class Session:
             )
             self.predict_durations.append(time.perf_counter() - t0)
         p = self._predictions[pkey]
-        if self.facts is None:
-            self.facts = module_facts(p.module, p.pairs, self.domain_size)
+        if self.census is None:
+            self.census = collective_census(p.module, p.pairs, self.domain_size)
         ev = Evaluation(
             index=len(self.evaluations),
             flags=dict(flags),
@@ -260,7 +260,7 @@ class Session:
             results=p.results,
             ranges=p.ranges,
             what=p.what,
-            facts=self.facts,
+            census=self.census,
             label=label,
             text=compiled.text,
             fingerprint=fingerprint,
