@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 # is a part of the package (a subpackage or a top-level module) or, where one module
 # of a part sits elsewhere than the rest, that module.
 LAYERS: list[set[str]] = [
-    {"_io", "_json", "_log", "_text", "_wire", "xla_options", "jax_compat"},  # nothing of ours
+    # nothing of ours; _version: the version, which the plugin and the CLI read
+    {"_io", "_json", "_log", "_text", "_version", "_wire", "xla_options", "jax_compat"},
     {"hlo"},  # the IR
     {"collectives", "runtime.abi"},  # what a collective is; what the ffi runtime runs
     {"streams"},  # the analyses: pairs, the deadlock rule, the assignment, verification

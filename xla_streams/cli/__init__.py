@@ -46,9 +46,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, TextIO
 
-from xla_streams import __version__
 from xla_streams._io import atomic_write_many
 from xla_streams._text import aligned
+from xla_streams._version import __version__
 from xla_streams.cli import flags
 from xla_streams.cli.flags import Flag, FlagError
 from xla_streams.cli.stream_model_flags import stream_model, stream_model_flags
