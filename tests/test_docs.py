@@ -39,7 +39,7 @@ from xla_streams.hlo import parse_module
 from xla_streams.simulate.errors import MODEL_ERRORS
 from xla_streams.simulate.targets import TARGETS
 from xla_streams.streams import find_async_pairs
-from xla_streams.tuning.levers import LEVER_NAMES, levers, module_facts
+from xla_streams.tuning.levers import LEVER_NAMES, collective_census, levers
 from xla_streams.tuning.options import OPTIONS, TuneOptions
 from xla_streams.tuning.result import TuneResult, load_tune_result
 
@@ -201,11 +201,11 @@ def levers_table() -> str:
     path = REPO / "hlo_fixtures" / "fsdp_scan.default.text.hlo"
     module = parse_module(path.read_text(), str(path))
     pairs = find_async_pairs(module, StreamModel(overlap_limit=1, sync_on_compute=True))
-    facts = module_facts(module, pairs, domain_size=8)
+    census = collective_census(module, pairs, domain_size=8)
     rows = ["| lever | XLA options | settings tried | for fsdp_scan |", "|---|---|---|---|"]
-    for lever in levers(facts):
+    for lever in levers(census):
         options = ", ".join(f"`{o}`" for o in sorted(lever.options))
-        skip = lever.skip(facts)
+        skip = lever.skip(census)
         verdict = f"skipped: {skip}" if skip else "searched"
         rows.append(
             f"| `{lever.name}` | {options} | {_cell(', '.join(lever.labels[1:]))} | {_cell(verdict)} |"

@@ -20,8 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 # is a part of the package (a subpackage or a top-level module) or, where one module
 # of a part sits elsewhere than the rest, that module.
 LAYERS: list[set[str]] = [
-    # nothing of ours; option: how every option is declared and read
-    {"_io", "_json", "_log", "_text", "_wire", "xla_options", "jax_compat", "option"},
+    # nothing of ours; option: how every option is declared and read; _version: the
+    # version, which the plugin and the CLI read
+    {"_io", "_json", "_log", "_text", "_version", "_wire", "xla_options", "jax_compat", "option"},
     {"hlo"},  # the IR
     # what a collective is; what the ffi runtime runs; every environment variable we
     # read; what XLA's dumps say it ran
@@ -56,7 +57,7 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("xla_streams.plugin.settings", "xla_streams.simulate.measured"): (
         "the simulator: only with the perf_table setting"
     ),
-    ("xla_streams.hlo.module", "xla_streams.hlo.layout"): (
+    ("xla_streams.hlo.reader", "xla_streams.hlo.layout"): (
         "the reader of hand-written layouts: only when XLA's own printing does not parse"
     ),
     ("xla_streams.runtime", "xla_streams.runtime.build"): (

@@ -9,10 +9,9 @@ module: ``text`` is ``compiled.as_text()``; ``dump`` XLA's after-optimizations
 dump (wrapped collectives as ``async-start(...), calls=``, tuple operands as
 ``%x#N``); ``hook`` the module as the plugin's compile hook receives it, before
 XLA's post-scheduling passes (which make idle pairs synchronous). The output is
-byte-for-byte reproducible for the pinned jax: source paths in the HLO metadata
-are made relative to the repository and the driver's own frames are left out,
-so the files do not depend on where the checkout lives or how this script is
-invoked.
+byte-for-byte reproducible for the pinned jax: the HLO metadata holds no source
+locations (``aot.without_source_locations``), so the files depend neither on where
+the checkout lives nor on the line numbers of the programs' code.
 """
 
 from __future__ import annotations
@@ -140,7 +139,7 @@ def run_jobs(my_jobs: list[Job], out: Path) -> None:
 
     jax_compat.register_compile_hook("xla_streams_fixtures", capture, ["cuda"])
     topologies: dict[tuple[int, int], Any] = {}
-    with aot.path_independent_locations(REPO, exclude_files=[aot.__file__, __file__]):
+    with aot.without_source_locations():
         for job in my_jobs:
             program = programs.PROGRAMS[job.program]
             key = (program.num_devices, program.devices_per_host)

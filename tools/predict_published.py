@@ -7,7 +7,7 @@ table, and Google's AI-Hypercomputer GPU recipes (their logs), each with its sou
 (repository, file, commit, the row verbatim), the MaxText configuration, the XLA
 flags it ran with and the cluster's network as a target file
 (``xla_streams/targets/*.json``, read by ``load_target``). For each row the script
-builds the step as the embedded program ``xla_streams.programs.llama_train_step``,
+builds the step as the embedded program ``xla_streams.programs.maxtext.llama_train_step``,
 compiles it deviceless for the run's GPUs (hosts of 8, one NVLink domain each) with
 the published flags, simulates the scheduled module and reads XLA's own estimate of
 it (its latency-hiding scheduler's schedule dump, told the cluster's NIC speed), then
@@ -65,7 +65,7 @@ sys.path.insert(0, str(REPO))
 from xla_streams.aot import compile_for_gpu, gpu_topology  # noqa: E402
 from xla_streams.collectives import StreamModel  # noqa: E402
 from xla_streams.hlo import parse_module  # noqa: E402
-from xla_streams.programs import LlamaConfig, Parallelism, llama_train_step  # noqa: E402
+from xla_streams.programs.maxtext import LlamaConfig, Parallelism, llama_train_step  # noqa: E402
 from xla_streams.simulate import (  # noqa: E402
     Simulator,
     Target,

@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 from xla_streams.collectives import POLICIES, StreamModel  # noqa: E402
 from xla_streams.hlo import parse_module  # noqa: E402
 from xla_streams.simulate import TARGETS, get_target, what_if  # noqa: E402
-from xla_streams.simulate.simulator import WhatIf  # noqa: E402
+from xla_streams.simulate.whatif import WhatIf  # noqa: E402
 
 FIXTURES = REPO / "hlo_fixtures"
 STREAMS = (1, 2, 4, 8)

@@ -24,10 +24,10 @@ import importlib
 # Not typing's: importing typing costs the command line a few milliseconds, and
 # type checkers read any TYPE_CHECKING as theirs.
 TYPE_CHECKING = False
-__version__ = "0.2.0"
 
 # Public name -> the module that defines it.
 _EXPORTS = {
+    "__version__": "xla_streams._version",
     "Config": "xla_streams.plugin.settings",
     "ConfigError": "xla_streams.plugin.settings",
     "collective_streams": "xla_streams.plugin",
@@ -55,6 +55,7 @@ __all__ = [
 if TYPE_CHECKING:
     from typing import Any
 
+    from xla_streams._version import __version__ as __version__
     from xla_streams.plugin import collective_streams, current, disable, enable
     from xla_streams.plugin.settings import Config, ConfigError
     from xla_streams.tuning.driver import tune, tune_lowered, tune_path

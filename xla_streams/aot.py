@@ -11,7 +11,6 @@ from __future__ import annotations
 import glob
 import importlib.resources
 import os
-import re
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -128,32 +127,19 @@ def gpu_topology(
 
 
 @contextmanager
-def path_independent_locations(
-    source_root: str | os.PathLike[str], exclude_files: Sequence[str] = ()
-) -> Iterator[None]:
-    """Make source locations in the HLO metadata independent of where the code lives.
-
-    Paths under `source_root` lose that prefix; frames from `exclude_files`
-    (drivers such as this module or a fixture script) are dropped, so their
-    line numbers and call depth do not leak into the module's metadata and
-    fingerprint. The exclusions stay registered for the life of the process
-    (jax has no way to remove one). Uses jax internals (jax 0.11/0.12).
-    """
+def without_source_locations() -> Iterator[None]:
+    """Compile with no source locations in the HLO metadata (no ``stack_frame_id``, no
+    stack frame tables): the modules then depend on what the programs compute, not on
+    where their code lives nor on its line numbers (``jax_traceback_in_locations_limit``
+    0: no frame of the traceback is kept)."""
     # jax.config's options are dynamic attributes: typed as Any for strict mypy.
     config: Any = importlib.import_module("jax").config
-
-    for path in exclude_files:
-        jax_compat.exclude_from_source_info(path)
-    root = os.path.realpath(os.fspath(source_root)).rstrip(os.sep) + os.sep
-    # Python records the path it was given; match the real and the given spelling.
-    prefixes = sorted({root, os.path.abspath(os.fspath(source_root)).rstrip(os.sep) + os.sep})
-    regex = "^(?:" + "|".join(re.escape(p) for p in prefixes) + ")"
-    previous = config.jax_hlo_source_file_canonicalization_regex
-    config.update("jax_hlo_source_file_canonicalization_regex", regex)
+    previous = config.jax_traceback_in_locations_limit
+    config.update("jax_traceback_in_locations_limit", 0)
     try:
         yield
     finally:
-        config.update("jax_hlo_source_file_canonicalization_regex", previous)
+        config.update("jax_traceback_in_locations_limit", previous)
 
 
 def _read_dump(dump_dir: str, pattern: str) -> str:

@@ -50,7 +50,7 @@ def check_streams(value: object) -> int:
 
 
 @dataclass(frozen=True)
-class Kind:
+class CollectiveKind:
     """What the code knows about one kind of collective; :data:`KINDS` has them all.
 
     Adding a kind is one row here, plus whatever is truly new about it (a cost
@@ -78,24 +78,33 @@ class Kind:
 
 # name, async form, groups, global-ids field, cost family, reduces, ffi, perf table, colour
 _ROWS = (
-    Kind("all-reduce", "dedicated", "replica_groups", True, "all-reduce", True, True, True,
-         "#b07aa1"),
-    Kind("all-gather", "dedicated", "replica_groups", True, "ring", False, True, True,
-         "#59a14f"),
-    Kind("reduce-scatter", "wrapped", "replica_groups", True, "ring", True, True, True,
-         "#f28e2b"),
-    Kind("all-to-all", "wrapped", "replica_groups", False, "pairwise", False, True, True,
-         "#edc948"),
-    Kind("ragged-all-to-all", "wrapped", "replica_groups", False, "pairwise", False, False, False,
-         "#edc948"),
-    Kind("collective-permute", "dedicated", "pairs", False, "one-hop", False, True, True,
-         "#9c755f"),
-    Kind("collective-broadcast", "wrapped", "replica_groups", False, "broadcast", False, False,
-         False, "#ff9da7"),
-    Kind("send", "p2p", "pairs", False, "one-hop", False, False, False, "#9c755f"),
-    Kind("recv", "p2p", "pairs", False, "one-hop", False, False, False, "#9c755f"),
+    CollectiveKind(
+        "all-reduce", "dedicated", "replica_groups", True, "all-reduce", True, True, True, "#b07aa1"
+    ),
+    CollectiveKind(
+        "all-gather", "dedicated", "replica_groups", True, "ring", False, True, True, "#59a14f"
+    ),
+    CollectiveKind(
+        "reduce-scatter", "wrapped", "replica_groups", True, "ring", True, True, True, "#f28e2b"
+    ),
+    CollectiveKind(
+        "all-to-all", "wrapped", "replica_groups", False, "pairwise", False, True, True, "#edc948"
+    ),
+    CollectiveKind(
+        "ragged-all-to-all", "wrapped", "replica_groups", False, "pairwise", False, False, False,
+        "#edc948",
+    ),
+    CollectiveKind(
+        "collective-permute", "dedicated", "pairs", False, "one-hop", False, True, True, "#9c755f"
+    ),
+    CollectiveKind(
+        "collective-broadcast", "wrapped", "replica_groups", False, "broadcast", False, False,
+        False, "#ff9da7",
+    ),
+    CollectiveKind("send", "p2p", "pairs", False, "one-hop", False, False, False, "#9c755f"),
+    CollectiveKind("recv", "p2p", "pairs", False, "one-hop", False, False, False, "#9c755f"),
 )  # fmt: skip
-KINDS: dict[str, Kind] = {k.name: k for k in _ROWS}
+KINDS: dict[str, CollectiveKind] = {k.name: k for k in _ROWS}
 # The opcodes of plain collectives (send and recv are never plain).
 COLLECTIVE_OPCODES = frozenset(k.name for k in KINDS.values() if k.async_form != "p2p")
 

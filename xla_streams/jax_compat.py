@@ -149,14 +149,6 @@ def hlo_bindings() -> Any:
     return _private("jaxlib._hlo")
 
 
-def exclude_from_source_info(path: str) -> None:
-    """Leave frames of ``path`` out of the source locations JAX records in HLO metadata
-    (for as long as the process lives: JAX has no way to remove one)."""
-    source_info_util = _private("jax._src.source_info_util")
-    if path not in source_info_util._exclude_paths:
-        source_info_util.register_exclusion(path)
-
-
 # -- the persistent compilation cache's key ------------------------------------------
 
 

@@ -1,7 +1,7 @@
 """Reports of a stream assignment: a text table for people, JSON for programs, and the
 files the plugin writes (one report per module, and an index of them).
 
-Both are built from a :class:`~xla_streams.pipeline.Compilation` on which
+Both are built from a :class:`~xla_streams.passes.base.Compilation` on which
 ``find-async-pairs`` and ``assign-streams`` have run, as an :class:`AssignmentReport`
 (schema ``xla_streams.assignment.v2``); the plugin's directory keeps a
 :class:`ReportIndex` (``xla_streams.index.v1``). Their fields, and the versioning

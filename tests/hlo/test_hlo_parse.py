@@ -853,7 +853,7 @@ JAX_0_12_DUMP = Path(__file__).resolve().parents[1] / "data" / "jax0_12_fsdp_sca
 def test_jax_0_12_dump() -> None:
     """A real jax 0.12 deviceless H100 dump (``--xla_dump_to``, after optimizations) of a
     2-layer FSDP scan: tuple-element operands everywhere, async all-gathers in the while
-    body. Made by the forward half of programs._fsdp on 4 devices, overlap limit 2."""
+    body. Made by the forward half of programs.embedded._fsdp on 4 devices, overlap limit 2."""
     from xla_streams.streams import find_async_pairs
 
     text = JAX_0_12_DUMP.read_bytes().decode("utf-8")

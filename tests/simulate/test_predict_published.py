@@ -23,7 +23,8 @@ import pytest
 
 from xla_streams import jax_compat
 from xla_streams.aot import GPU_CONFIGS
-from xla_streams.programs import PROGRAMS, LlamaConfig
+from xla_streams.programs import PROGRAMS
+from xla_streams.programs.maxtext import LlamaConfig
 from xla_streams.simulate.xla_estimate import estimator_options
 
 REPO = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from xla_streams import jax_compat
 from xla_streams.hlo import parse_module
 from xla_streams.simulate import Simulator, get_target, what_if
 from xla_streams.simulate.cost import CostModel
-from xla_streams.simulate.simulator import COMPUTE_LANE, SIDE_COMPUTE_LANE
+from xla_streams.simulate.timeline import COMPUTE_LANE, SIDE_COMPUTE_LANE
 
 pytestmark = pytest.mark.slow
 

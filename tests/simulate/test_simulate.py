@@ -31,17 +31,12 @@ from types import ModuleType
 import pytest
 from conftest import ADD_REDUCER
 
-from xla_streams.cli.simulate import (
-    format_what_if,
-    parse_policies,
-    parse_streams,
-    simulate_command,
-)
+from xla_streams.cli.simulate import parse_policies, parse_streams, simulate_command
 from xla_streams.collectives import StreamModel
 from xla_streams.hlo import parse_module
 from xla_streams.passes.base import Compilation
 from xla_streams.pipeline import PassManager
-from xla_streams.simulate import Simulator, collective_cost, get_target, what_if
+from xla_streams.simulate import Simulator, WhatIf, collective_cost, get_target, what_if
 from xla_streams.simulate.calibration import (
     SCHEMA,
     Calibration,
@@ -51,13 +46,10 @@ from xla_streams.simulate.calibration import (
 )
 from xla_streams.simulate.cost import CostModel
 from xla_streams.simulate.html import KIND_COLORS, LANE_BACKGROUNDS, OVERSAMPLE, render_html
-from xla_streams.simulate.simulator import (
-    COMPUTE_LANE,
-    LOWER_BOUND_LABEL,
-    RULE_BOUND_LABEL,
-    WhatIf,
-)
+from xla_streams.simulate.simulation import format_what_if
+from xla_streams.simulate.simulator import LOWER_BOUND_LABEL, RULE_BOUND_LABEL
 from xla_streams.simulate.targets import Target, TargetError, load_target, target_with_overrides
+from xla_streams.simulate.timeline import COMPUTE_LANE
 from xla_streams.simulate.trace import lane_tid, trace_events
 from xla_streams.simulate.visual import record_timelines, write_visual_report
 from xla_streams.streams import assign_streams

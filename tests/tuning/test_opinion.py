@@ -24,7 +24,7 @@ from xla_streams.collectives import StreamModel
 from xla_streams.hlo import parse_module
 from xla_streams.simulate import CostModel, get_target
 from xla_streams.streams import find_async_pairs
-from xla_streams.tuning.levers import Facts, levers
+from xla_streams.tuning.levers import CollectiveCensus, levers
 from xla_streams.tuning.opinion import Candidate, second_opinion
 from xla_streams.tuning.result import Configuration, TuneResult, XlaOpinion
 
@@ -32,8 +32,8 @@ FIXTURES = Path(__file__).resolve().parents[2] / "hlo_fixtures"
 LIMIT, EARLY = xo.OVERLAP_LIMIT, xo.START_AS_EARLY_AS_POSSIBLE
 MODULE = parse_module((FIXTURES / "fsdp_scan.limit2.text.hlo").read_text())
 PAIRS = tuple(find_async_pairs(MODULE, StreamModel(2, True)))
-FACTS = Facts(4, 4, frozenset({"all-gather"}), frozenset(), True, 0)
-LEVERS = [lv for lv in levers(FACTS) if lv.name in ("overlap-limit", "start-early")]
+CENSUS = CollectiveCensus(4, 4, frozenset({"all-gather"}), frozenset(), True, 0)
+LEVERS = [lv for lv in levers(CENSUS) if lv.name in ("overlap-limit", "start-early")]
 TARGET = get_target("h100")
 
 

@@ -18,13 +18,13 @@ from xla_streams.cli import flags
 from xla_streams.cli.tune import FLAGS, OPTION_FLAGS, option_values
 from xla_streams.collectives import MAX_STREAMS
 from xla_streams.tuning import driver
-from xla_streams.tuning.levers import LEVER_ALIASES, LEVER_NAMES, Facts, describe, levers
+from xla_streams.tuning.levers import LEVER_ALIASES, LEVER_NAMES, CollectiveCensus, describe, levers
 from xla_streams.tuning.options import DEFAULT_DEVICES_PER_HOST, OPTIONS, TuneOptions
 from xla_streams.tuning.result import TuneError
 
 # The flags of `xla-streams tune` that are not options of the tuner.
 COMMAND_OWN_FLAGS = {"program", "json", "hlo", "progress"}
-FACTS = Facts(8, 8, frozenset({"all-gather", "reduce-scatter", "all-reduce"}), frozenset(),
+CENSUS = CollectiveCensus(8, 8, frozenset({"all-gather", "reduce-scatter", "all-reduce"}), frozenset(),
               True, 0, kind_bytes=(("all-reduce", 1 << 30), ("all-gather", 1 << 30)),
               layer_bytes=(("all-gather", 100 << 20),))  # fmt: skip
 
@@ -174,7 +174,7 @@ def test_devices_per_host_defaults_to_eight_or_every_device() -> None:
 
 
 def test_a_lever_carries_its_names_and_the_words_of_its_options() -> None:
-    every = levers(FACTS)
+    every = levers(CENSUS)
     assert tuple(lv.name for lv in every) == LEVER_NAMES
     assert len(set(LEVER_NAMES) | set(LEVER_ALIASES)) == len(LEVER_NAMES) + len(LEVER_ALIASES)
     for lever in every:

@@ -23,7 +23,7 @@ from xla_streams.hlo import parse_module
 from xla_streams.simulate import PredictionRange, Simulator, get_target, xla_stream_assignment
 from xla_streams.simulate.measured import DEFAULT_TABLE_PATH
 from xla_streams.streams import find_async_pairs
-from xla_streams.tuning import search
+from xla_streams.tuning import evaluation, recommendation
 from xla_streams.tuning.driver import tune_lowered
 from xla_streams.tuning.result import TuneError, TuneResult
 
@@ -83,7 +83,7 @@ def test_a_recommendation_beats_the_defaults_at_both_ends(
 ) -> None:
     base = _candidate(10.0, 9.0, 12.0, {})
     found = _candidate(*candidate, {LIMIT: 2})
-    reason = search._beats(found, base)
+    reason = recommendation._beats(found, base)
     if why is None:
         assert reason is None
     else:
@@ -94,7 +94,7 @@ def test_xla_multi_streaming_is_predicted_on_the_streams_xla_gives() -> None:
     text = (FIXTURES / "fsdp_scan.limit2.text.hlo").read_text()
     target = get_target("h100")
     flags = {LIMIT: 2, xo.MULTI_STREAMING: True}
-    predicted = search.predict(text, flags, target)
+    predicted = evaluation.predict(text, flags, target)
     module = parse_module(text)
     pairs = tuple(find_async_pairs(module, StreamModel(2, True)))
     assignment = xla_stream_assignment(module, pairs, multi_streaming=True)

@@ -20,18 +20,13 @@ from typing import Any
 import pytest
 
 from xla_streams import xla_options as xo
-from xla_streams.tuning.levers import Facts, Lever, canonical, flags_of, levers
-from xla_streams.tuning.search import (
-    MIN_GAIN,
-    BudgetSpent,
-    Outcome,
-    neighbours,
-    search,
-)
+from xla_streams.tuning.levers import CollectiveCensus, Lever, canonical, flags_of, levers
+from xla_streams.tuning.search import MIN_GAIN, SearchOutcome, neighbours, search
+from xla_streams.tuning.session import BudgetSpent
 
 DATA = Path(__file__).resolve().parent / "data"
 GRID = json.loads((DATA / "grid_fsdp_tp_mlp_scan.json").read_text())
-SCAN_FACTS = Facts(
+SCAN_CENSUS = CollectiveCensus(
     async_pairs=8,
     collectives=8,
     loop_kinds=frozenset({"all-gather", "reduce-scatter", "all-reduce"}),
@@ -79,7 +74,7 @@ class RecordedPredictions:
 
 
 def grid_levers(order: list[str] | None = None) -> list[Lever]:
-    every = {lv.name: lv for lv in levers(SCAN_FACTS)}
+    every = {lv.name: lv for lv in levers(SCAN_CENSUS)}
     return [every[name] for name in order or GRID["levers"]]
 
 
@@ -133,7 +128,7 @@ def test_any_lever_order_finds_it_too() -> None:
 
 def test_the_budget_stops_the_search_and_it_claims_nothing() -> None:
     recorded = RecordedPredictions(GRID, budget=6)
-    outcome: Outcome = search(recorded, grid_levers())
+    outcome: SearchOutcome = search(recorded, grid_levers())
     assert not outcome.certified and outcome.guarantee.startswith("none")
     assert any("budget" in note for note in outcome.notes)
     assert len(recorded.compiled) == 6
@@ -167,7 +162,7 @@ def test_the_levers_that_pay_together_are_tried_first() -> None:
 
 
 def test_the_check_reaches_the_levers_that_pay_together_first() -> None:
-    every = {lv.name: lv for lv in levers(SCAN_FACTS)}
+    every = {lv.name: lv for lv in levers(SCAN_CENSUS)}
     names = ["overlap-limit", "xla-multi-streaming", "pipeline-all-gather", "double-buffering",
              "windowed-einsum", "start-early"]  # fmt: skip
     chosen = [every[name] for name in names]
@@ -209,9 +204,9 @@ def test_neighbours_are_every_one_and_two_lever_change(names: list[str], count: 
 
 
 def test_size_levers_are_checked_one_at_a_time() -> None:
-    facts = Facts(8, 8, frozenset({"all-reduce"}), frozenset(), True, 0,
+    census = CollectiveCensus(8, 8, frozenset({"all-reduce"}), frozenset(), True, 0,
                   kind_bytes=(("all-reduce", 1 << 30),))  # fmt: skip
-    every = {lv.name: lv for lv in levers(facts)}
+    every = {lv.name: lv for lv in levers(census)}
     sweep = every["all-reduce-combine"]
     # 16 MiB doubling up to the 1 GiB all-reduced (XLA's 30 MiB default aside).
     assert sweep.labels[1:] == ("16 MiB", "32 MiB", "64 MiB", "128 MiB", "256 MiB",

@@ -25,9 +25,9 @@ from conftest import CompiledStandIn
 
 import xla_streams
 from xla_streams import _json, cli, xla_options
-from xla_streams.tuning import driver, search
+from xla_streams.tuning import driver, recommendation
 from xla_streams.tuning.driver import tune_lowered
-from xla_streams.tuning.levers import Facts, canonical, describe, levers
+from xla_streams.tuning.levers import CollectiveCensus, canonical, describe, levers
 from xla_streams.tuning.result import (
     MAX_TUNE_FILE_BYTES,
     SCHEMA,
@@ -78,12 +78,12 @@ def test_options_in_words_and_the_command_xla_parses() -> None:
 
 
 def test_one_table_of_options_types_and_ranges_every_setting_the_tuner_writes() -> None:
-    facts = Facts(8, 8, frozenset({"all-gather", "reduce-scatter", "all-reduce"}), frozenset(),
+    census = CollectiveCensus(8, 8, frozenset({"all-gather", "reduce-scatter", "all-reduce"}), frozenset(),
                   True, 0, kind_bytes=(("all-reduce", 1 << 30), ("all-gather", 1 << 30)),
                   layer_bytes=(("all-gather", 100 << 20),))  # fmt: skip
     for name, value in xla_options.DEFAULTS.items():
         assert xla_options.check_option(name, value) == value
-    for lever in levers(facts):
+    for lever in levers(census):
         for setting in lever.settings:
             for name, value in setting.items():
                 # What a search may recommend, a tune file may hold, and XLA_FLAGS spell.
@@ -305,7 +305,9 @@ def test_search_keeps_the_defaults_below_the_margin() -> None:
     assert "all 9 such neighbours checked" in result.guarantee
     # The best found gains less than the 1% margin: XLA's defaults stay, and why.
     kept = min(steps, key=steps.__getitem__)
-    assert kept == "overlap-limit=2" and base * (1 - search.MIN_SPEEDUP) < steps[kept] < base
+    assert (
+        kept == "overlap-limit=2" and base * (1 - recommendation.MIN_SPEEDUP) < steps[kept] < base
+    )
     assert result.best == result.baseline and result.speedup == 1.0
     assert any("below the 1% margin" in r for r in result.reasons), result.reasons
     assert result.command == "python train.py"
@@ -322,7 +324,7 @@ def test_search_keeps_the_defaults_below_the_margin() -> None:
 def test_a_configuration_that_does_not_fit_is_never_recommended(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(search, "MIN_SPEEDUP", 0.005)
+    monkeypatch.setattr(recommendation, "MIN_SPEEDUP", 0.005)
     roomy = _tune_fixtures(_FixtureCompiler())
     assert roomy.best != roomy.baseline and roomy.best.fits
     winner = dict(roomy.best.xla_flags)
@@ -346,7 +348,7 @@ def test_a_lever_that_changes_nothing_is_left_out_of_the_recommendation(
 ) -> None:
     """The stand-in compiles start-early to the same module as without it: the joint move
     sets it with the overlap limit, and nothing after takes it back (that gains nothing)."""
-    monkeypatch.setattr(search, "MIN_SPEEDUP", 0.005)
+    monkeypatch.setattr(recommendation, "MIN_SPEEDUP", 0.005)
     result = _tune_fixtures(_FixtureCompiler(), levers=["overlap-limit", "start-early"])
     early = xla_options.START_AS_EARLY_AS_POSSIBLE
     assert result.best.xla_flags == {LIMIT: 2} and early not in result.command

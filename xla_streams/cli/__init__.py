@@ -30,8 +30,9 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any, NoReturn, TextIO
 
-from xla_streams import __version__, option
+from xla_streams import option
 from xla_streams._text import aligned
+from xla_streams._version import __version__
 from xla_streams.cli import flags
 from xla_streams.cli.command import (
     EXIT_OK,

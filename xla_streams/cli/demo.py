@@ -36,7 +36,7 @@ from xla_streams.programs import PROGRAMS, Program
 from xla_streams.simulate import WhatIf, get_target, what_if
 from xla_streams.streams import find_async_pairs
 from xla_streams.tuning.driver import tune
-from xla_streams.tuning.levers import levers, module_facts
+from xla_streams.tuning.levers import collective_census, levers
 from xla_streams.tuning.result import TuneError, TuneResult
 
 Mode = Literal["auto", "gpu", "aot"]
@@ -125,7 +125,7 @@ def overlap_levers(module: Module, program: Program) -> list[str]:
     """The levers of tune's joint move (those that create overlap) that can act on
     ``module``: the overlap limit and start-early, and for loops holding collectives
     the pipeliners and double buffering."""
-    facts = module_facts(module, find_async_pairs(module, MODEL), program.devices_per_host)
+    facts = collective_census(module, find_async_pairs(module, MODEL), program.devices_per_host)
     return [lv.name for lv in levers(facts) if lv.together is not None and not lv.skip(facts)]
 
 

@@ -18,8 +18,9 @@ and exposed communication. ``--json`` writes all of it
 The command lives here so that ``cli.py`` only registers it (``command_flags``,
 ``run_cli``); ``simulate_command`` is the same for Python callers. ``run_cli``
 takes any object with the few members of the CLI's arguments it uses
-(:class:`CliArgs`). The pictures, and the trace and HTML the
-plugin writes, are in :mod:`xla_streams.simulate.visual`.
+(:class:`CliArgs`). The work is :func:`xla_streams.simulate.simulation.simulate_module`;
+the pictures, and the trace and HTML the plugin writes, are in
+:mod:`xla_streams.simulate.visual`.
 """
 
 from __future__ import annotations
@@ -28,12 +29,10 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from xla_streams._io import atomic_write_many
-from xla_streams._text import aligned
 from xla_streams.cli import flags
 from xla_streams.cli.stream_model_flags import stream_model, stream_model_flags
 from xla_streams.collectives import (
@@ -44,23 +43,14 @@ from xla_streams.collectives import (
     Policy,
     StreamModel,
 )
-from xla_streams.hlo import HloError, Module, parse_module
+from xla_streams.hlo import HloError, parse_module
 from xla_streams.option import Option, boolean, choice, optional, path, text
-from xla_streams.passes.base import Compilation, Fact
 from xla_streams.simulate.calibration import CalibrationError, load_calibration
-from xla_streams.simulate.execution_streams import MULTI_STREAMING_COMMUNICATION_STREAMS
+from xla_streams.simulate.compiler import Progress
 from xla_streams.simulate.measured import PerfTableError
-from xla_streams.simulate.prediction import SCHEMA, Prediction, XlaStep
-from xla_streams.simulate.profile import MeasuredCosts, Profile, ProfileError, load_profile
-from xla_streams.simulate.ranges import PredictionRange, predict_range
-from xla_streams.simulate.simulator import (
-    Progress,
-    SimResult,
-    Simulator,
-    WhatIf,
-    runs_on,
-    what_if,
-)
+from xla_streams.simulate.prediction import SCHEMA
+from xla_streams.simulate.profile import Profile, ProfileError, load_profile
+from xla_streams.simulate.simulation import simulate_module
 from xla_streams.simulate.targets import (
     TARGETS,
     Target,
@@ -69,14 +59,12 @@ from xla_streams.simulate.targets import (
     load_target,
     with_perf_table,
 )
-from xla_streams.simulate.visual import pictures, run_xla_multi_streaming
 from xla_streams.simulate.xla_estimate import (
     ScheduleError,
     XlaEstimate,
     find_schedule,
     read_schedule,
 )
-from xla_streams.xla_options import MULTI_STREAMING
 
 STDOUT = "-"  # the CLI's name for standard output
 # Inputs at least this large report progress on stderr as they go.
@@ -100,34 +88,6 @@ class CliArgs(Protocol):
 
 class FlagListError(ValueError):
     """A --streams or --policy list that cannot be used."""
-
-
-@dataclass
-class Simulation:
-    """Everything one run produced; ``trace`` and ``html`` only when pictures were asked
-    for. ``xla``: XLA's own multi-streaming replayed (None when not asked for);
-    ``range``: the baseline's step time at the ends of the model's error bounds (None
-    when not asked for); ``measured``: the profile's costs, when one was given;
-    ``xla_estimate``: XLA's own estimate of the module, when its schedule was given."""
-
-    what: WhatIf
-    table: str
-    trace: str | None = None
-    html: str | None = None
-    xla: SimResult | None = None
-    range: PredictionRange | None = None
-    measured: MeasuredCosts | None = None
-    xla_estimate: XlaEstimate | None = None
-
-    def prediction(self) -> Prediction:
-        """What ``--json`` writes."""
-        return Prediction.of(
-            self.what,
-            xla=self.xla,
-            range_=self.range,
-            measured=self.measured,
-            xla_estimate=self.xla_estimate,
-        )
 
 
 # -- flag values ------------------------------------------------------------------------
@@ -207,209 +167,6 @@ def read_xla_schedule(path: str) -> XlaEstimate:
 
 
 # -- the work ---------------------------------------------------------------------------
-
-
-def simulate_module(
-    module: Module,
-    target: Target,
-    streams: Sequence[int] = STREAM_COUNTS,
-    policies: Sequence[Policy] = POLICIES,
-    *,
-    model: StreamModel | None = None,
-    pictures_for: str | None = None,
-    progress: Progress | None = None,
-    compilation: Compilation | None = None,
-    profile: Profile | None = None,
-    xla_multi_streaming: bool = True,
-    prediction_range: bool = True,
-    xla_estimate: XlaEstimate | None = None,
-) -> Simulation:
-    """The what-if predictions for ``module``, under ``model`` unless ``compilation``
-    has its pairs; with ``pictures_for`` (the trace's address for the HTML's link,
-    or "" for none) also its trace and HTML. ``profile``: the program's measured
-    costs replace the model's where it names an instruction. ``xla_multi_streaming``:
-    also replay XLA's own two-stream placement; ``prediction_range``: also the
-    baseline at the ends of the model's error bounds; ``xla_estimate``: XLA's own
-    estimate of the module, shown beside the baseline."""
-    pairs = compilation.pairs if compilation and Fact.ASYNC_PAIRS in compilation.facts else None
-    if progress:
-        count = sum(len(c.instructions) for c in module.computations)
-        progress(f"cost model for {count} instructions")
-    measured = profile.for_module(module) if profile is not None else None
-    sim = Simulator(module, target, pairs, model=model, progress=progress, measured=measured)
-    what = what_if(module, target, streams, policies, progress=progress, simulator=sim)
-    xla = None
-    if xla_multi_streaming:
-        if progress:
-            progress("simulating XLA's own multi-streaming")
-        xla = run_xla_multi_streaming(sim)
-    span = None
-    if prediction_range:
-        if progress:
-            progress("simulating the ends of the error bounds")
-        span = predict_range(sim, what.assignments[(what.streams[0], what.policies[0])])
-    result = Simulation(
-        what,
-        format_what_if(
-            what,
-            xla=xla,
-            range_=span,
-            measured=measured,
-            xla_estimate=None if xla_estimate is None else XlaStep.of(xla_estimate),
-        ),
-        xla=xla,
-        range=span,
-        measured=measured,
-        xla_estimate=xla_estimate,
-    )
-    if pictures_for is not None:
-        if progress:
-            progress("recording timelines")
-        result.trace, result.html = pictures(
-            sim, what, trace_href=pictures_for or None, xla_multi_streaming=xla is not None
-        )
-    return result
-
-
-def format_what_if(
-    what: WhatIf,
-    *,
-    xla: SimResult | None = None,
-    range_: PredictionRange | None = None,
-    measured: MeasuredCosts | None = None,
-    xla_estimate: XlaStep | None = None,
-) -> str:
-    """The what-if table as aligned text; with ``xla`` XLA's own multi-streaming,
-    with ``range_`` the baseline's range, with ``measured`` how much of the step the
-    profile measured, with ``xla_estimate`` XLA's own estimate beside the baseline."""
-    base = what.baseline.step_time
-    places: dict[str, int] = {}
-    for pair in what.pairs:
-        where = runs_on(pair)
-        places[where] = places.get(where, 0) + 1
-    lines = [
-        f"module {what.module} on {what.target.name} ({what.target.description}): "
-        f"{len(what.pairs)} async pairs; XLA runs "
-        + ", ".join(f"{n} on {where}" for where, n in places.items()),
-        "predicted step time (exposed communication, speedup over K=1):",
-    ]
-    header = ["K", *what.policies]
-    table = [header]
-    for k in what.streams:
-        row = [str(k)]
-        for p in what.policies:
-            r = what.results[(k, p)]
-            row.append(
-                f"{r.step_time * 1e3:.4f} ms ({r.exposed_communication * 1e3:.4f} ms, "
-                f"{_ratio(base, r.step_time)})"
-            )
-        table.append(row)
-    lines.extend(aligned(table, indent="  "))
-    busy = [header]
-    for k in what.streams:
-        row = [str(k)]
-        for p in what.policies:
-            lanes = what.results[(k, p)].lane_busy
-            row.append(" ".join(f"{lanes.get(s, 0.0) * 1e3:.3f}" for s in range(k)))
-        busy.append(row)
-    lines.append("busy time of collective streams 0..K-1 (ms):")
-    lines.extend(aligned(busy, indent="  "))
-    if xla is not None:
-        lines.append(
-            f"XLA's own multi-streaming (--{MULTI_STREAMING}: "
-            f"{MULTI_STREAMING_COMMUNICATION_STREAMS} streams in turn, in post-order): "
-            f"{xla.step_time * 1e3:.4f} ms ({xla.exposed_communication * 1e3:.4f} ms, "
-            f"{_ratio(base, xla.step_time)})"
-        )
-    for bound, how in what.bounds():
-        lines.append(
-            f"{bound.label}: {bound.step_time * 1e3:.4f} ms "
-            f"({bound.exposed_communication * 1e3:.4f} ms, {_ratio(base, bound.step_time)}): "
-            f"{how}, no bandwidth sharing"
-        )
-    lines.append(
-        f"compute only: {what.baseline.compute_time * 1e3:.4f} ms; serial (nothing overlapped): "
-        f"{what.serial * 1e3:.4f} ms"
-    )
-    if range_ is not None:
-        lines.append(
-            f"range of {what.baseline.label} (every modelled input at either end of its error "
-            f"bound): step {range_.low * 1e3:.4f} .. {range_.expected * 1e3:.4f} .. "
-            f"{range_.high * 1e3:.4f} ms (low .. expected .. high), exposed communication "
-            f"{range_.exposed_low * 1e3:.4f} .. {range_.exposed_expected * 1e3:.4f} .. "
-            f"{range_.exposed_high * 1e3:.4f} ms"
-        )
-    if measured is not None:
-        lines.append(_measured_line(what.baseline, measured))
-    if xla_estimate is not None:
-        lines += _xla_estimate_lines(what, xla_estimate)
-    for policy in what.policies:
-        a = what.assignments[(max(what.streams), policy)]
-        if a.serialized_by_rule or a.serialized_by_bound:
-            lines.append(
-                f"K={a.streams} {policy}: {len(a.serialized_by_rule)} pairs queue behind a pair "
-                f"they share devices with (deadlock rule), {len(a.serialized_by_bound)} for want "
-                "of streams"
-            )
-    for note in list(what.notes) + what.non_monotone():
-        lines.append(f"note: {note}")
-    return "\n".join(lines) + "\n"
-
-
-def _measured_line(base: SimResult, measured: MeasuredCosts) -> str:
-    names = len(measured.seconds)
-    used = names - len(measured.unused())
-    return (
-        f"profile {measured.path}: {base.profiled_time * 1e3:.4f} ms of the step's work "
-        f"measured ({base.profiled_fraction:.1%}), {base.modeled_time * 1e3:.4f} ms modelled; "
-        f"{used} of its {names} instruction names are in this module"
-        + (f", {measured.skipped} entries of other modules skipped" if measured.skipped else "")
-    )
-
-
-def _xla_estimate_lines(what: WhatIf, estimate: XlaStep) -> list[str]:
-    """XLA's estimate of the module and, split alike, where the baseline differs."""
-    base = what.baseline
-    waits = ", ".join(
-        f"{kind.replace('_', '-')} {ms:.4f} ms"
-        for kind, ms in estimate.communication_wasted_ms.items()
-    )
-    xla = (
-        f"XLA's own estimate ({estimate.path}): step {estimate.priced_step_ms:.4f} ms: kernels "
-        f"{estimate.kernels_ms:.4f} ms, exposed communication "
-        f"{estimate.exposed_communication_ms:.4f} ms"
-    )
-    if waits:
-        xla += f" ({waits})"
-    if estimate.placeholders:
-        xla += (
-            f"; {len(estimate.placeholders)} async pairs it cannot price charged 5 ms each "
-            f"(placeholders, their waits left out: {estimate.step_ms:.4f} ms with them)"
-        )
-    step = _change(base.step_time, estimate.priced_step_ms)
-    kernels = _change(base.compute_time, estimate.kernels_ms)
-    exposed = _change(base.exposed_communication, estimate.exposed_communication_ms)
-    lines = [
-        xla,
-        f"{base.label} against XLA's estimate: step {step}, kernels {kernels}, exposed "
-        f"communication {exposed}",
-    ]
-    if estimate.module != what.module:
-        lines.append(
-            f"note: the schedule is of module {estimate.module}, not {what.module}: "
-            "XLA's estimate is of another compile"
-        )
-    return lines
-
-
-def _change(seconds: float, xla_ms: float) -> str:
-    """Ours (``seconds``) against XLA's (``xla_ms``), as a signed share of XLA's."""
-    ours = seconds * 1e3
-    return f"{ours - xla_ms:+.4f} ms ({ours / xla_ms - 1:+.1%})" if xla_ms > 0 else f"{ours:.4f} ms"
-
-
-def _ratio(base: float, value: float) -> str:
-    return f"{base / value:.2f}x" if value > 0 else "-"
 
 
 def progress_printer(err: TextIO) -> Progress:

@@ -48,7 +48,7 @@ OPTION_FLAGS = tuple(o for o in OPTIONS.values() if o.name not in ("program", "p
 _FILE = optional(path(metavar="FILE"), takes="a path")
 FLAGS: tuple[Option[Any], ...] = (
     Option("program", None,
-        "An embedded program (xla_streams/programs.py) to tune instead of PROGRAM.py; its own "
+        "An embedded program (xla_streams/programs/) to tune instead of PROGRAM.py; its own "
         "device counts are the defaults.", optional(text(metavar="NAME"), takes="a name")),
     *OPTION_FLAGS,
     Option("json", None,

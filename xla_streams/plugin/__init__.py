@@ -40,8 +40,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from xla_streams import __version__, _log, jax_compat, runtime, xla_options
+from xla_streams import _log, jax_compat, runtime, xla_options
 from xla_streams._log import logger
+from xla_streams._version import __version__
 from xla_streams.collectives import DEFAULT_STREAMS, StreamModel
 from xla_streams.environment import unknown
 from xla_streams.plugin import cache, hook

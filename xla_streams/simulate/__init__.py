@@ -17,7 +17,7 @@ from xla_streams.simulate.measured import (
 )
 from xla_streams.simulate.profile import MeasuredCosts, Profile, ProfileError, load_profile
 from xla_streams.simulate.ranges import PredictionRange, predict_range
-from xla_streams.simulate.simulator import SimResult, Simulator, WhatIf, what_if
+from xla_streams.simulate.simulator import Simulator
 from xla_streams.simulate.targets import (
     TARGETS,
     Target,
@@ -25,6 +25,8 @@ from xla_streams.simulate.targets import (
     load_target,
     with_perf_table,
 )
+from xla_streams.simulate.timeline import SimResult
+from xla_streams.simulate.whatif import WhatIf, what_if
 
 __all__ = [
     "MODEL_ERRORS",

@@ -95,8 +95,8 @@ class AttentionCall:
 def attention_call(inst: Instruction) -> AttentionCall | None:
     """The fused attention custom call ``inst`` runs; None when it is no cuDNN
     attention or its config lacks the score matrix's shape."""
-    target = (inst.attribute("custom_call_target") or "").strip('"')
-    if not target.startswith(FMHA_PREFIX):
+    call_target = (inst.attribute("custom_call_target") or "").strip('"')
+    if not call_target.startswith(FMHA_PREFIX):
         return None
     config = decode(inst, "backend_config", parse_backend_config) or {}
     fmha = config.get("cudnn_fmha_backend_config")
@@ -119,7 +119,7 @@ def attention_call(inst: Instruction) -> AttentionCall | None:
         head_dim=query.dimensions[-1],
         value_dim=value.dimensions[-1],
         causal=str(fmha.get("mask_type", "")) in _CAUSAL_MASKS,
-        backward="Backward" in target,
+        backward="Backward" in call_target,
         window=int(fmha.get("sliding_window_length", 0) or 0),
     )
 

@@ -263,12 +263,12 @@ class CostModel:
         target's measurements; None where it has none for ``inst``."""
         opcode = inst.opcode
         if opcode == "custom-call":
-            target = _call_target(inst)
+            call_target = _custom_call_target(inst)
             call = attention_call(inst)
             if call is not None:
                 seconds = self.target.attention_seconds(call)
                 return None if seconds is None else (seconds, call.flops, "attention")
-            if target not in CUBLAS_GEMM_TARGETS:
+            if call_target not in CUBLAS_GEMM_TARGETS:
                 return None
             gemm = gemm_shape_of_call(inst, _dot_numbers(inst))
         elif opcode == "dot":
@@ -405,15 +405,15 @@ class CostModel:
         return _conv_flops(inst, rhs, out), element_type
 
     def _custom_call_flops(self, inst: Instruction) -> tuple[float, str]:
-        target = _call_target(inst)
+        call_target = _custom_call_target(inst)
         operands = _product_operands(inst)
-        if not target.startswith(GEMM_CUSTOM_CALL_PREFIXES) or operands is None:
+        if not call_target.startswith(GEMM_CUSTOM_CALL_PREFIXES) or operands is None:
             return 0.0, ""
         lhs, rhs, out, element_type = operands
         attention = attention_call(inst)
         if attention is not None:
             return attention.flops, element_type
-        if "conv" in target:
+        if "conv" in call_target:
             return _conv_flops(inst, rhs, out), element_type
         dims = _dot_numbers(inst).get("lhs_contracting_dimensions")
         if isinstance(dims, list) and dims:
@@ -612,7 +612,7 @@ def _cross_host_links(n: int, local: int, target: Target) -> tuple[float, float,
     return ring, tree, (n - 1) / seconds
 
 
-def _call_target(inst: Instruction) -> str:
+def _custom_call_target(inst: Instruction) -> str:
     """A custom call's ``custom_call_target``, unquoted."""
     raw = inst.attribute("custom_call_target") or ""
     m = _CUSTOM_CALL_TARGET.fullmatch(raw)

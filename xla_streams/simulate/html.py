@@ -15,8 +15,9 @@ import math
 from collections.abc import Sequence
 
 from xla_streams.collectives import KINDS, format_groups
-from xla_streams.simulate.simulator import SimResult, Slice, WhatIf, lane_name, runs_on
+from xla_streams.simulate.timeline import SimResult, Slice, lane_name, runs_on
 from xla_streams.simulate.trace import lanes_of
+from xla_streams.simulate.whatif import WhatIf
 
 # Fill colour of each slice kind; lanes alternate two pale backgrounds.
 KIND_COLORS: dict[str, str] = {

@@ -25,7 +25,8 @@ from xla_streams.simulate.execution_streams import MULTI_STREAMING_COMMUNICATION
 from xla_streams.simulate.measured import default_perf_table
 from xla_streams.simulate.profile import MeasuredCosts
 from xla_streams.simulate.ranges import PredictionRange
-from xla_streams.simulate.simulator import SimResult, WhatIf
+from xla_streams.simulate.timeline import SimResult
+from xla_streams.simulate.whatif import WhatIf
 from xla_streams.simulate.xla_estimate import COMMUNICATION_WASTE, XlaEstimate
 
 SCHEMA = "xla_streams.simulate.v1"

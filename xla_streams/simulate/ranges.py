@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xla_streams.simulate.errors import MODEL_ERRORS, ErrorBound, ErrorScale
-from xla_streams.simulate.simulator import SimResult, Simulator
+from xla_streams.simulate.simulator import Simulator
+from xla_streams.simulate.timeline import SimResult
 from xla_streams.streams import StreamAssignment, assign_streams
 
 

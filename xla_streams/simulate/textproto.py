@@ -297,7 +297,6 @@ FieldType = str
 # message name -> field number -> (field name, type)
 Schema = Mapping[str, Mapping[int, tuple[str, FieldType]]]
 
-_VARINT_TYPES = frozenset({"int64", "int32", "uint64", "uint32", "bool", "sint64", "sint32"})
 _FIXED64_TYPES = frozenset({"double", "fixed64", "sfixed64"})
 _FIXED32_TYPES = frozenset({"float", "fixed32", "sfixed32"})
 _FIXED_WIDTH = {1: 8, 5: 4}  # wire type -> bytes: 1 is 64-bit, 5 is 32-bit

@@ -16,14 +16,14 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from xla_streams.simulate.simulator import (
+from xla_streams.simulate.targets import Target
+from xla_streams.simulate.timeline import (
     COMPUTE_LANE,
     P2P_LANE,
     SIDE_COMPUTE_LANE,
     SimResult,
     lane_name,
 )
-from xla_streams.simulate.targets import Target
 
 _US = 1e6
 

@@ -23,9 +23,11 @@ from xla_streams.hlo import Module
 from xla_streams.simulate.execution_streams import xla_stream_assignment
 from xla_streams.simulate.html import render_html
 from xla_streams.simulate.measured import PerfTable, load_perf_table
-from xla_streams.simulate.simulator import SimResult, Simulator, WhatIf, what_if
+from xla_streams.simulate.simulator import Simulator
 from xla_streams.simulate.targets import Target, get_target, with_perf_table
+from xla_streams.simulate.timeline import SimResult
 from xla_streams.simulate.trace import trace_json
+from xla_streams.simulate.whatif import WhatIf, what_if
 from xla_streams.streams import AsyncPair
 
 XLA_MULTI_STREAMING_LABEL = "XLA multi-streaming (2 streams in turn, in post-order)"

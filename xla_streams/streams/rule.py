@@ -9,7 +9,7 @@ definition. :func:`tied_units` (for assign-streams) and
 :func:`~xla_streams.streams.verify.verify_streams` ask it of every pair at once,
 in a sweep in time order, through its fast equivalents: :class:`InFlight` for the
 pairs in flight together that share two devices, :func:`permute_halves` for the
-sends and recvs of a channel. ``tests/passes/test_rule_index.py`` checks that they
+sends and recvs of a channel. ``tests/streams/test_rule_index.py`` checks that they
 agree with the definition.
 
 At least as strict as XLA's own check, which keeps such collectives from being
@@ -59,7 +59,7 @@ in flight together when it schedules several at once
 
 Not tied, deliberately: collectives in flight together that pairwise share at
 most one device, even when they close a cycle (A-B on rank 0, B-C on rank 1,
-C-A on rank 2; tests/passes/test_rule_index.py builds it and asserts the three
+C-A on rank 2; tests/streams/test_rule_index.py builds it and asserts the three
 stay on three streams). XLA does not tie them either. Under the strictest
 reading of NCCL (no forward-progress guarantee between communicators:
 NVIDIA/nccl#574, #195) such a cycle could hang, if on every rank of it a

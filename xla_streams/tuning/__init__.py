@@ -13,7 +13,7 @@ Each concept has one module, each importing only those above it in this list:
 
 - :mod:`~xla_streams.tuning.levers`: XLA's overlap levers (``Lever``: its names,
   the words of its options, its settings; ``levers()``, ``LEVER_NAMES``), the
-  ``Facts`` of a module that say which can act (``module_facts``), ``canonical``
+  ``CollectiveCensus`` of a module that says which can act (``collective_census``), ``canonical``
   option sets, and the options in words (``describe``).
 - :mod:`~xla_streams.tuning.result`: what a search found and its file:
   ``Configuration`` (with the predicted step's range), ``TuneResult`` (schema
@@ -33,12 +33,16 @@ Each concept has one module, each importing only those above it in this list:
 - :mod:`~xla_streams.tuning.sources`: reading JAX's own dump or saved StableHLO.
 - :mod:`~xla_streams.tuning.opinion`: the second opinion, XLA's own estimate of
   each compile beside ours, and its line on the recommendation.
-- :mod:`~xla_streams.tuning.search`: predicting a compiled option set (``Session``,
-  ``Evaluation``, ``predict``, ``MemoryUse``), the budget and the progress bar, the
-  search (coordinate descent with joint moves, then the check of every one- and
-  two-lever neighbour: ``search``; ``exhaustive``) and the recommendation; the
-  method, its guarantee, the memory check and what a prediction assumes are in its
-  docstring. JAX-free: it calls the compiler it is given.
+- :mod:`~xla_streams.tuning.evaluation`: one compiled option set evaluated: its memory
+  (``MemoryUse``), the simulator's predictions for it (``predict``), ``Evaluation``.
+- :mod:`~xla_streams.tuning.session`: one search's ``Session``: the budget, the
+  progress bar, the compiles and every evaluation. JAX-free: it calls the compiler it
+  is given.
+- :mod:`~xla_streams.tuning.search`: the search (coordinate descent with joint moves,
+  then the check of every one- and two-lever neighbour: ``search``; ``exhaustive``).
+- :mod:`~xla_streams.tuning.recommendation`: the recommendation and its ``TuneResult``.
+  The method, its guarantee, the memory check and what a prediction assumes:
+  docs/tune.md.
 - :mod:`~xla_streams.tuning.driver`: the JAX side: ``tune`` (``xla_streams.tune``),
   ``tune_lowered``, ``tune_stablehlo``, ``tune_path``, loading a builder
   (``load_builder``), the topology, the targets and their HBM.

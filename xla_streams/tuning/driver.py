@@ -60,8 +60,10 @@ from xla_streams.tuning.compiling import (
 )
 from xla_streams.tuning.levers import Lever, levers
 from xla_streams.tuning.options import TuneOptions
+from xla_streams.tuning.recommendation import recommend
 from xla_streams.tuning.result import TuneError, TuneResult, first_line
-from xla_streams.tuning.search import Progress, Session, exhaustive, recommend, search
+from xla_streams.tuning.search import exhaustive, search
+from xla_streams.tuning.session import ProgressBar, Session
 from xla_streams.tuning.sources import parse_stablehlo, read_program
 
 DEFAULT_BUILDER = "build"
@@ -220,7 +222,7 @@ def tune(build: Builder, *, options: TuneOptions | None = None, **keywords: Any)
     ``jax.stages.Lowered``. The keywords are the fields of :class:`TuneOptions`, whose
     help says what each does (``devices=32, target="h200", levers=[...]``); given with
     ``options``, they replace its fields. Raises :class:`TuneError` for bad input. See
-    :mod:`xla_streams.tuning.search` for the method.
+    docs/tune.md for the method.
     """
     start = time.perf_counter()
     chosen = _merged(options, keywords)
@@ -229,7 +231,7 @@ def tune(build: Builder, *, options: TuneOptions | None = None, **keywords: Any)
         raise TuneError(f"build must be a function of the devices, not {type(build).__name__}")
     name = chosen.program or str(getattr(build, "__name__", "build"))
     ensure_deviceless()
-    say = Progress(chosen.progress, chosen.budget_s, start)
+    say = ProgressBar(chosen.progress, chosen.budget_s, start)
     say(f"{name}: {devices} GPUs ({per_host} per host) of {chosen.target}")
     try:
         topology = aot.gpu_topology(chosen.target, devices, per_host, per_domain)
@@ -361,7 +363,7 @@ def _tune(
     devices, per_host, per_domain = options.topology()
     sim_target = _simulation_target(options.target, options.calibration, options.perf_table)
     profile = _profile(options.profile)
-    say = Progress(options.progress, options.budget_s, start)
+    say = ProgressBar(options.progress, options.budget_s, start)
     cache: CompileCache | None = None
     if source is not None:
         compiler, cache = _compiler(source, options, say)
@@ -429,14 +431,14 @@ def _compiler(
 
 def _levers(session: Session) -> tuple[list[Lever], list[str]]:
     """The levers to search, in order, and those skipped with the reason."""
-    assert session.facts is not None
+    assert session.census is not None
     options = session.options
-    every = {lv.name: lv for lv in levers(session.facts, max(options.streams))}
+    every = {lv.name: lv for lv in levers(session.census, max(options.streams))}
     wanted = list(every) if options.levers is None else list(options.levers)
     chosen, skipped = [], []
     for name in wanted:
         lever = every[name]
-        why = lever.skip(session.facts)
+        why = lever.skip(session.census)
         missing = sorted(lever.options & session.unavailable)
         if missing:
             settings = tuple(s for s in lever.settings if not set(s) & session.unavailable)

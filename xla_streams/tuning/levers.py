@@ -1,5 +1,5 @@
-"""XLA's levers that create overlap, their settings, and the facts of a module that say
-which can act.
+"""XLA's levers that create overlap, their settings, and the census of a module's
+collectives that says which can act.
 
 A lever is a few of XLA's options (``DebugOptions`` fields, spelled as
 ``compile(compiler_options=...)`` takes them, each in :data:`xla_options.OPTIONS
@@ -8,8 +8,8 @@ is XLA's default (no option set), the others are the alternatives. Levers set di
 options, so a configuration is one setting per lever (:class:`Point`), and two
 configurations are neighbours when they differ in one or two levers.
 
-:func:`levers` lists them in the order their effect is expected (DESIGN.md, "Levers
-that create overlap"): the overlap limit (the prerequisite), the loop pipeliner per
+:func:`levers` lists them in the order their effect is expected (docs/tune.md, "The
+levers"): the overlap limit (the prerequisite), the loop pipeliner per
 collective kind (each also moved together with while-loop double buffering: on scan
 models neither pays alone, the pipelined collective only overlaps the next
 iteration once the loop is double buffered), double buffering, start-as-early-as-
@@ -22,8 +22,8 @@ stream count allowed are not offered. The overlap limit, the pipeliners, double
 buffering and start-early pay together: each carries its setting in their joint
 move (:attr:`Lever.together`), which the search tries first.
 
-Levers a module cannot use are skipped, with the reason (:class:`Facts`, read from
-XLA's default compile by :func:`module_facts`). These skips are sound: the pipeliner
+Levers a module cannot use are skipped, with the reason (:class:`CollectiveCensus`, read from
+XLA's default compile by :func:`collective_census`). These skips are sound: the pipeliner
 and double buffering only rewrite while loops (without a while loop holding such a
 collective they change nothing), a combine threshold only acts on collectives of its
 kind, the scale-up settings only on collectives inside one NVLink domain.
@@ -63,8 +63,9 @@ WINDOWED_EINSUM_ALL_MIB = 0
 
 
 @dataclass(frozen=True)
-class Facts:
-    """What XLA's default compile of the program says about which levers can act."""
+class CollectiveCensus:
+    """What XLA's default compile of the program says of its collectives: how many, of
+    which kinds, where, how large; the levers' ``skip`` read it to say which can act."""
 
     async_pairs: int
     collectives: int  # async pairs and plain (synchronous) collectives
@@ -101,7 +102,7 @@ class Lever:
     words: Mapping[str, str]
     settings: tuple[Flags, ...]
     labels: tuple[str, ...]
-    skip: Callable[[Facts], str | None]
+    skip: Callable[[CollectiveCensus], str | None]
     with_double_buffering: bool = False
     pairs: bool = True
     aliases: tuple[str, ...] = ()
@@ -168,58 +169,58 @@ def describe_point(levers: Sequence[Lever], point: Point) -> str:
 # -- why a lever cannot act ---------------------------------------------------------------
 
 
-def _skip_overlap(facts: Facts) -> str | None:
-    if facts.collectives == 0:
+def _skip_overlap(census: CollectiveCensus) -> str | None:
+    if census.collectives == 0:
         return "the program has no collectives"
-    if facts.collectives < 2 and not facts.loop_kinds:
+    if census.collectives < 2 and not census.loop_kinds:
         return "one collective, outside any loop: nothing can be in flight beside it"
     return None
 
 
-def _skip_pipeline(kind: str) -> Callable[[Facts], str | None]:
-    def skip(facts: Facts) -> str | None:
-        if kind not in facts.loop_kinds:
+def _skip_pipeline(kind: str) -> Callable[[CollectiveCensus], str | None]:
+    def skip(census: CollectiveCensus) -> str | None:
+        if kind not in census.loop_kinds:
             return f"no {kind} inside a while loop (the pipeliner works on loops)"
         return None
 
     return skip
 
 
-def _skip_double_buffering(facts: Facts) -> str | None:
-    if not facts.loop_kinds:
+def _skip_double_buffering(census: CollectiveCensus) -> str | None:
+    if not census.loop_kinds:
         return "no while loop holds a collective"
     return None
 
 
-def _skip_start_early(facts: Facts) -> str | None:
-    if facts.async_pairs == 0:
+def _skip_start_early(census: CollectiveCensus) -> str | None:
+    if census.async_pairs == 0:
         return "no async collectives (nothing to start earlier)"
     return None
 
 
-def _skip_multi_streaming(facts: Facts) -> str | None:
-    if facts.async_pairs < 2 and not facts.loop_kinds:
+def _skip_multi_streaming(census: CollectiveCensus) -> str | None:
+    if census.async_pairs < 2 and not census.loop_kinds:
         return "fewer than two async collectives"
     return None
 
 
-def _skip_scale_up(facts: Facts) -> str | None:
-    if facts.collectives == 0:
+def _skip_scale_up(census: CollectiveCensus) -> str | None:
+    if census.collectives == 0:
         return "the program has no collectives"
-    if not facts.within_host:
+    if not census.within_host:
         return "no collective stays inside one NVLink domain"
     return None
 
 
-def _skip_windowed_einsum(facts: Facts) -> str | None:
-    if not facts.total("all-gather") and not facts.total("reduce-scatter"):
+def _skip_windowed_einsum(census: CollectiveCensus) -> str | None:
+    if not census.total("all-gather") and not census.total("reduce-scatter"):
         return "no all-gather or reduce-scatter to decompose into a collective matmul"
     return None
 
 
-def _skip_combine(kinds: Sequence[str]) -> Callable[[Facts], str | None]:
-    def skip(facts: Facts) -> str | None:
-        if not any(facts.total(k) for k in kinds):
+def _skip_combine(kinds: Sequence[str]) -> Callable[[CollectiveCensus], str | None]:
+    def skip(census: CollectiveCensus) -> str | None:
+        if not any(census.total(k) for k in kinds):
             return f"no {' or '.join(kinds)}"
         return None
 
@@ -234,7 +235,10 @@ def _flags(options: Mapping[str, object]) -> Flags:
 
 
 def _toggle(
-    name: str, option: str, skip: Callable[[Facts], str | None], together: int | None = None
+    name: str,
+    option: str,
+    skip: Callable[[CollectiveCensus], str | None],
+    together: int | None = None,
 ) -> Lever:
     other = not xo.DEFAULTS[option]
     labels = ("default", "on" if other else "off")
@@ -273,12 +277,12 @@ def _ceil_power_of_two(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def levers(facts: Facts, max_streams: int = max(STREAM_COUNTS)) -> list[Lever]:
+def levers(census: CollectiveCensus, max_streams: int = max(STREAM_COUNTS)) -> list[Lever]:
     """Every lever, in search order (see the module docstring). Overlap limits above
     ``max_streams`` (the most streams a recommendation may use) are not tried; the
-    combine thresholds tried depend on the module's collective sizes (``facts``)."""
+    combine thresholds tried depend on the module's collective sizes (``census``)."""
     limits = [v for v in OVERLAP_LIMITS if v <= max(max_streams, 2)]
-    ar_total = facts.total("all-reduce")
+    ar_total = census.total("all-reduce")
     ar_values = _powers_of_two(ALL_REDUCE_SWEEP_FROM, ar_total, ALL_REDUCE_SWEEP_STEPS)
     ar_default = int(str(xo.DEFAULTS[xo.COMBINE_THRESHOLD["all-reduce"]]))
     ar_values = [v for v in ar_values if v != ar_default]
@@ -286,7 +290,7 @@ def levers(facts: Facts, max_streams: int = max(STREAM_COUNTS)) -> list[Lever]:
     ag_default = int(str(xo.DEFAULTS[ag_rs[0]]))
     # At least one layer's weights (the most gathered or scattered in one loop body),
     # and everything.
-    layer = max(facts.layer("all-gather"), facts.layer("reduce-scatter"))
+    layer = max(census.layer("all-gather"), census.layer("reduce-scatter"))
     gather_values = sorted(
         {v for v in (_ceil_power_of_two(layer) if layer else 0, COMBINE_ALL) if v > ag_default}
     )
@@ -358,7 +362,7 @@ def levers(facts: Facts, max_streams: int = max(STREAM_COUNTS)) -> list[Lever]:
 
 # A lever's names and words do not depend on the module: read them from the levers of
 # a module with no collectives.
-_EVERY_LEVER = levers(Facts(0, 0, frozenset(), frozenset(), False, 0))
+_EVERY_LEVER = levers(CollectiveCensus(0, 0, frozenset(), frozenset(), False, 0))
 LEVER_NAMES = tuple(lv.name for lv in _EVERY_LEVER)
 # An older name of a lever -> its name.
 LEVER_ALIASES = {alias: lv.name for lv in _EVERY_LEVER for alias in lv.aliases}
@@ -391,12 +395,14 @@ def _option_order(name: str) -> tuple[int, str]:
     return (order.index(name) if name in order else len(order), name)
 
 
-# -- the facts of a module ------------------------------------------------------------------
+# -- the census of a module's collectives -------------------------------------------------
 
 
-def module_facts(module: Module, pairs: Sequence[AsyncPair], domain_size: int) -> Facts:
-    """The :class:`Facts` of a scheduled module and its pairs; ``domain_size`` is the
-    number of GPUs in one NVLink domain (device d is in domain d // domain_size)."""
+def collective_census(
+    module: Module, pairs: Sequence[AsyncPair], domain_size: int
+) -> CollectiveCensus:
+    """The :class:`CollectiveCensus` of a scheduled module and its pairs; ``domain_size``
+    is the number of GPUs in one NVLink domain (device d is in domain d // domain_size)."""
     in_loops = _loop_computations(module)
     loop_kinds: set[str] = set()
     combined: set[str] = set()
@@ -442,7 +448,7 @@ def module_facts(module: Module, pairs: Sequence[AsyncPair], domain_size: int) -
     for (_, kind), nbytes in body_bytes.items():
         layer[kind] = max(layer.get(kind, 0), nbytes)
     async_pairs = sum(1 for p in pairs if not p.sync)
-    return Facts(
+    return CollectiveCensus(
         async_pairs=async_pairs,
         collectives=len(pairs) + plain,
         loop_kinds=frozenset(loop_kinds),

@@ -1,0 +1,238 @@
+"""The collective streams as the replay runs them (the model: ``simulator.py``): FIFO
+queues, a latency phase and then a transfer that shares link bandwidth with the others in
+flight (processor sharing); and the recorder of a timeline's slices."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from xla_streams.simulate.cost import CollectiveCost
+from xla_streams.simulate.timeline import SIDE_COMPUTE_LANE, Slice
+from xla_streams.streams import AsyncPair
+
+# Relative tolerance when deciding that two event times coincide.
+_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class CollectiveSpec:
+    """A collective the program issues: an async pair or a blocking one."""
+
+    name: str
+    kind: str
+    bytes: int
+    cost: CollectiveCost
+    pair: AsyncPair | None = None
+    # An async kernel on a side compute stream (kind: its cost class), not a collective.
+    side: bool = False
+    # Its time comes from the program's own profile.
+    profiled: bool = False
+
+
+class Job:
+    """One run of a collective (or side kernel) on a lane: when it was issued, began, ended
+    its latency and ended, and the bytes it has left to move at its current rate."""
+
+    __slots__ = (
+        "begin",
+        "end",
+        "finish_at",
+        "lane",
+        "latency_end",
+        "rate",
+        "ready",
+        "remaining",
+        "spec",
+        "spec_index",
+        "transferring",
+    )
+
+    def __init__(self, spec_index: int, spec: CollectiveSpec, lane: int, ready: float) -> None:
+        self.spec_index = spec_index
+        self.spec = spec
+        self.lane = lane
+        self.ready = ready
+        self.begin = math.nan
+        self.latency_end = math.nan
+        self.end: float | None = None
+        self.remaining = spec.cost.wire_bytes
+        self.rate = 0.0
+        self.finish_at = math.inf
+        self.transferring = False
+
+
+class Network:
+    """The collective streams: FIFO queues, latency phases, shared-bandwidth transfers."""
+
+    def __init__(self, share: bool, recorder: Recorder | None) -> None:
+        self.share = share
+        self.now = 0.0
+        self.queues: dict[int, deque[Job]] = {}
+        self.running: dict[int, Job] = {}
+        self.transferring: list[Job] = []
+        self.usage: dict[int, int] = {}
+        self.busy: dict[int, float] = {}
+        self.recorder = recorder
+
+    def submit(self, job: Job) -> None:
+        queue = self.queues.get(job.lane)
+        if queue is None:
+            queue = self.queues[job.lane] = deque()
+        queue.append(job)
+
+    def idle(self) -> bool:
+        return not self.running and not any(self.queues.values())
+
+    def collective_in_flight(self, now: float) -> bool:
+        """A collective (not a side kernel) is running at ``now``, or ready to start;
+        the network is first run up to ``now``."""
+        self.run(until_time=now)
+        return any(job.lane > SIDE_COMPUTE_LANE for job in self.running.values()) or any(
+            queue and lane > SIDE_COMPUTE_LANE and queue[0].ready <= now
+            for lane, queue in self.queues.items()
+        )
+
+    def run(self, until_time: float = math.inf, until_job: Job | None = None) -> None:
+        """Process events up to ``until_time`` or until ``until_job`` has finished."""
+        while until_job is None or until_job.end is None:
+            t_next = math.inf
+            now = self.now
+            for lane, queue in self.queues.items():
+                if queue and lane not in self.running:
+                    t_next = min(t_next, max(now, queue[0].ready))
+            for job in self.running.values():
+                t_next = min(t_next, job.finish_at if job.transferring else job.latency_end)
+            if t_next > until_time:
+                self._advance(until_time)
+                return
+            if t_next == math.inf:
+                if until_job is not None:
+                    raise RuntimeError(f"collective '{until_job.spec.name}' can never finish")
+                return
+            self._advance(t_next)
+            self._events(t_next)
+
+    def _advance(self, t: float) -> None:
+        dt = t - self.now
+        if dt > 0:
+            for job in self.transferring:
+                job.remaining -= job.rate * dt
+            self.now = t
+
+    def _events(self, t: float) -> None:
+        tolerance = _EPS * max(abs(t), 1e-9)
+        limit = t + tolerance
+        changed = False
+        # Transfers that are complete and latencies that are over.
+        due = [
+            job
+            for job in self.running.values()
+            if (job.finish_at if job.transferring else job.latency_end) <= limit
+        ]
+        for job in due:
+            if job.transferring or job.remaining <= 0:
+                changed |= job.transferring
+                self._finish(job, t)
+            else:
+                self._start_transfer(job)
+                changed = True
+        # Idle streams take their next collective.
+        for lane, queue in self.queues.items():
+            if queue and lane not in self.running and queue[0].ready <= limit:
+                job = queue.popleft()
+                job.begin = t
+                job.latency_end = t + job.spec.cost.latency
+                self.running[lane] = job
+                if job.latency_end <= t:
+                    if job.remaining > 0:
+                        self._start_transfer(job)
+                        changed = True
+                    else:
+                        self._finish(job, t)
+        if changed:
+            self._rates()
+
+    def _start_transfer(self, job: Job) -> None:
+        job.transferring = True
+        self.transferring.append(job)
+        usage = self.usage
+        for r in job.spec.cost.resources:
+            usage[r] = usage.get(r, 0) + 1
+
+    def _finish(self, job: Job, t: float) -> None:
+        job.end = t
+        job.remaining = 0.0
+        del self.running[job.lane]
+        if job.transferring:
+            job.transferring = False
+            self.transferring.remove(job)
+            for r in job.spec.cost.resources:
+                self.usage[r] -= 1
+        self.busy[job.lane] = self.busy.get(job.lane, 0.0) + (t - job.begin)
+        if self.recorder is not None:
+            self.recorder.collective(job)
+
+    def _rates(self) -> None:
+        now = self.now
+        usage = self.usage
+        for job in self.transferring:
+            cost = job.spec.cost
+            share = 1.0
+            if self.share and cost.resources:
+                share = 1.0 / max(usage[r] for r in cost.resources)
+            job.rate = cost.bandwidth * share
+            job.finish_at = now + job.remaining / job.rate if job.rate > 0 else math.inf
+
+
+class Recorder:
+    """Slices as the replay goes; without ``compute``, only collectives and waits."""
+
+    def __init__(self, limit: int, compute: bool = True) -> None:
+        self.slices: list[Slice] = []
+        self.limit = limit
+        self.compute = compute
+        self.truncated = False
+
+    def add(self, item: Slice) -> None:
+        if len(self.slices) < self.limit:
+            self.slices.append(item)
+        else:
+            self.truncated = True
+
+    def collective(self, job: Job) -> None:
+        spec = job.spec
+        assert job.end is not None
+        standalone = spec.cost.seconds
+        if spec.side:
+            if self.compute:
+                self.add(
+                    Slice(
+                        job.lane, spec.name, spec.kind, job.begin, job.end - job.begin,
+                        {"kind": spec.kind, "bytes": spec.bytes, "async": True,
+                         "predicted_us": round((job.end - job.begin) * 1e6, 3),
+                         "queued_us": round((job.begin - job.ready) * 1e6, 3)},
+                    )
+                )  # fmt: skip
+            return
+        self.add(
+            Slice(
+                job.lane,
+                spec.name,
+                spec.kind,
+                job.begin,
+                job.end - job.begin,
+                {
+                    "kind": spec.kind,
+                    "bytes": spec.bytes,
+                    "algorithm": spec.cost.algorithm,
+                    "link": "network" if spec.cost.network else "nvlink",
+                    "predicted_us": round((job.end - job.begin) * 1e6, 3),
+                    "standalone_us": round(standalone * 1e6, 3),
+                    "queued_us": round((job.begin - job.ready) * 1e6, 3),
+                    "latency_us": round(spec.cost.latency * 1e6, 3),
+                },
+                collective=True,
+            )
+        )

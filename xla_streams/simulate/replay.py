@@ -1,0 +1,206 @@
+"""The replay of a compiled module for one assignment of lanes: the compute stream runs
+each computation's steps in order, issuing collectives to the network and blocking at
+their dones; a loop's iterations that repeat exactly are added up, not replayed."""
+
+from __future__ import annotations
+
+from xla_streams.simulate.compiler import (
+    COMPUTE,
+    DONE,
+    FIRE,
+    SIDE_DONE,
+    SIDE_START,
+    START,
+    SYNC,
+    CompiledModule,
+    Step,
+)
+from xla_streams.simulate.network import CollectiveSpec, Job, Network, Recorder
+from xla_streams.simulate.timeline import COMPUTE_LANE, OWN_STREAM_LANE, P2P_LANE, Slice
+
+# The lane of a pair that takes the lowest-numbered stream of its own idle when it
+# starts (the lower bound's).
+DYNAMIC_LANE = -3
+
+
+class Replay:
+    """One replay of a compiled module on given lanes: the compute stream runs the steps
+    in order, the network the collectives; the clock, and what it adds up."""
+
+    def __init__(
+        self, compiled: CompiledModule, lanes: list[int], share: bool, recorder: Recorder | None
+    ) -> None:
+        """``lanes``: the lane of each pair (``DYNAMIC_LANE``: an idle stream of its own);
+        the other collectives' steps say their lanes."""
+        self.specs = compiled.specs
+        self.lanes = lanes
+        self.network = Network(share, recorder)
+        self.recorder = recorder
+        self.t = 0.0
+        self.compute_busy = 0.0
+        self.exposed = 0.0
+        self.profiled = 0.0  # work measured (profile) and modelled, as run
+        self.modeled = 0.0
+        self.interference = compiled.errors.interference
+        self.in_flight: dict[int, Job] = {}
+        self.fired: list[Job] = []
+
+    def _count(self, spec: CollectiveSpec) -> None:
+        if spec.profiled:
+            self.profiled += spec.cost.seconds
+        else:
+            self.modeled += spec.cost.seconds
+
+    def kernel_time(self, seconds: float) -> float:
+        """What a compute kernel that takes ``seconds`` alone takes when it starts now:
+        longer by ``errors.interference`` while a collective is in flight (NCCL's kernels
+        take SMs and memory bandwidth from the kernels they overlap). The one place the
+        replay prices compute against the collectives beside it."""
+        if self.interference > 0 and self.network.collective_in_flight(self.t):
+            return seconds * (1 + self.interference)
+        return seconds
+
+    def program(self, steps: list[Step]) -> None:
+        recorder = self.recorder
+        network = self.network
+        for step in steps:
+            tag = step[0]
+            if tag == COMPUTE:
+                seconds = step[1]
+                self.profiled += step[6]
+                self.modeled += seconds - step[6]
+                seconds = self.kernel_time(seconds)
+                if recorder is not None and recorder.compute:
+                    recorder.add(
+                        Slice(
+                            COMPUTE_LANE, step[2], step[3], self.t, seconds,
+                            {"kind": step[3], "bytes": step[4], "flops": step[5],
+                             "predicted_us": round(seconds * 1e6, 3)},
+                        )
+                    )  # fmt: skip
+                self.t += seconds
+                self.compute_busy += seconds
+            elif tag == START:
+                index = step[1]
+                lane = self.lanes[index]
+                if lane == DYNAMIC_LANE:
+                    lane = self._idle_lane()
+                job = Job(index, self.specs[index], lane, self.t)
+                self._count(job.spec)
+                network.submit(job)
+                self.in_flight[index] = job
+            elif tag == DONE:
+                job = self.in_flight.pop(step[1])
+                self._wait(job, "wait")
+            elif tag == SYNC:
+                index = step[1]
+                job = Job(index, self.specs[index], COMPUTE_LANE, self.t)
+                self._count(job.spec)
+                network.submit(job)
+                self._wait(job, None)
+            elif tag == FIRE:
+                index = step[1]
+                job = Job(index, self.specs[index], P2P_LANE, self.t)
+                self._count(job.spec)
+                network.submit(job)
+                self.fired.append(job)
+            elif tag == SIDE_START:
+                index = step[1]
+                job = Job(index, self.specs[index], step[2], self.t)
+                self._count(job.spec)
+                network.submit(job)
+                self.in_flight[index] = job
+            elif tag == SIDE_DONE:
+                job = self.in_flight.pop(step[1])
+                self._wait(job, "wait", exposed=False)
+            else:
+                self._loop(step)
+
+    def _idle_lane(self) -> int:
+        """The lowest-numbered unlimited stream with nothing running or queued now."""
+        network = self.network
+        network.run(until_time=self.t)
+        lane = OWN_STREAM_LANE
+        while lane in network.running or network.queues.get(lane):
+            lane += 1
+        return lane
+
+    def _wait(self, job: Job, wait_kind: str | None, *, exposed: bool = True) -> None:
+        """Block the compute stream until ``job`` is over; the time is exposed
+        communication unless ``exposed`` is False (a side kernel)."""
+        if job.end is None:
+            self.network.run(until_job=job)
+        assert job.end is not None
+        if job.end > self.t:
+            waited = job.end - self.t
+            if exposed:
+                self.exposed += waited
+            if self.recorder is not None and wait_kind is not None:
+                self.recorder.add(
+                    Slice(
+                        COMPUTE_LANE, f"wait {job.spec.name}", wait_kind, self.t, waited,
+                        {"kind": "wait", "collective": job.spec.name,
+                         "predicted_us": round(waited * 1e6, 3)},
+                    )
+                )  # fmt: skip
+            self.t = job.end
+
+    def _loop(self, step: Step) -> None:
+        _, name, cond, body, trip, _known = step
+        network = self.network
+        i = 0
+        while i < trip:
+            network.run(until_time=self.t)
+            idle_before = network.idle() and not self.in_flight
+            before = (
+                self.t, self.compute_busy, self.exposed, dict(network.busy), self.profiled,
+                self.modeled,
+            )  # fmt: skip
+            self.program(cond.steps)
+            self.program(body.steps)
+            i += 1
+            if i >= trip:
+                continue
+            compute_only = cond.compute_only and body.compute_only
+            if not compute_only:
+                # The iteration's time depends on collectives: it repeats exactly only
+                # when it started and ended with nothing in flight.
+                if not idle_before:
+                    continue
+                network.run(until_time=self.t)
+                if not (network.idle() and not self.in_flight):
+                    continue
+            # Every later iteration takes exactly as long as this one: add them up.
+            repeats = trip - i
+            t0, busy0, exposed0, lanes0, profiled0, modeled0 = before
+            duration = self.t - t0
+            if self.recorder is not None and self.recorder.compute:
+                self.recorder.add(
+                    Slice(
+                        COMPUTE_LANE, f"{name}: {repeats} more iterations", "repeat", self.t,
+                        duration * repeats,
+                        {"kind": "repeat", "iterations": repeats,
+                         "iteration_us": round(duration * 1e6, 3)},
+                    )
+                )  # fmt: skip
+            self.t += duration * repeats
+            self.compute_busy += (self.compute_busy - busy0) * repeats
+            self.exposed += (self.exposed - exposed0) * repeats
+            self.profiled += (self.profiled - profiled0) * repeats
+            self.modeled += (self.modeled - modeled0) * repeats
+            if not compute_only:
+                # Idle network: its streams' busy time repeats too, and nothing is pending.
+                for lane, busy in list(network.busy.items()):
+                    network.busy[lane] = busy + (busy - lanes0.get(lane, 0.0)) * repeats
+                network.now = self.t
+            # A compute-only body leaves collectives in flight alone: they advance
+            # lazily, when the compute stream next needs one.
+            break
+        self.program(cond.steps)
+
+    def finish(self) -> None:
+        """Let collectives nobody waits for (fired p2p) drain; they do not extend the step."""
+        for job in self.in_flight.values():
+            self._wait(job, "wait")
+        self.in_flight.clear()
+        self.network.run(until_time=self.t)

@@ -1,0 +1,232 @@
+"""The what-if sweep: a module simulated for every stream count and policy, with the two
+bounds, and why a larger stream count is predicted slower where it is."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+from xla_streams.collectives import POLICIES, STREAM_COUNTS, Policy, StreamModel
+from xla_streams.hlo import Module
+from xla_streams.simulate.compiler import Progress
+from xla_streams.simulate.network import CollectiveSpec
+from xla_streams.simulate.simulator import Simulator
+from xla_streams.simulate.targets import Target
+from xla_streams.simulate.timeline import COMPUTE_LANE, SimResult, lane_name
+from xla_streams.streams import AsyncPair, StreamAssignment, assign_streams
+
+
+@dataclass
+class WhatIf:
+    """Predictions for every stream count and policy, and the two bounds.
+
+    ``explanations`` say, for each (K, policy) predicted slower than the next
+    smaller K under the same policy, why, naming the pairs that cause it.
+    """
+
+    module: str
+    target: Target
+    streams: tuple[int, ...]
+    policies: tuple[Policy, ...]
+    results: dict[tuple[int, str], SimResult]
+    assignments: dict[tuple[int, str], StreamAssignment]
+    lower_bound: SimResult
+    rule_bound: SimResult
+    serial: float
+    pairs: tuple[AsyncPair, ...]
+    specs: list[CollectiveSpec]
+    notes: list[str]
+    explanations: dict[tuple[int, str], str] = field(default_factory=dict)
+
+    def result(self, streams: int, policy: str) -> SimResult:
+        return self.results[(streams, policy)]
+
+    @property
+    def baseline(self) -> SimResult:
+        """One collective stream: what XLA does today."""
+        return self.results[(min(self.streams), self.policies[0])]
+
+    def non_monotone(self) -> list[str]:
+        """Why a larger K is predicted slower than a smaller one, where it is."""
+        return list(self.explanations.values())
+
+    def bounds(self) -> list[tuple[SimResult, str]]:
+        """The two bounds, each with what it assumes."""
+        return [
+            (self.rule_bound, "each group of pairs the deadlock rule ties on a stream of its own"),
+            (self.lower_bound, "every collective on a stream of its own"),
+        ]
+
+
+def what_if(
+    module: Module,
+    target: Target,
+    streams: Iterable[int] = STREAM_COUNTS,
+    policies: Iterable[Policy] = POLICIES,
+    *,
+    pairs: Sequence[AsyncPair] | None = None,
+    model: StreamModel | None = None,
+    progress: Progress | None = None,
+    simulator: Simulator | None = None,
+) -> WhatIf:
+    """Simulate ``module`` for every K in ``streams`` under every policy."""
+    streams = tuple(sorted(set(streams)))
+    policies = tuple(policies)
+    say = progress or (lambda _message: None)
+    if simulator is None:
+        say(f"cost model: {module.name}")
+        simulator = Simulator(module, target, pairs, model=model, progress=progress)
+    results: dict[tuple[int, str], SimResult] = {}
+    assignments: dict[tuple[int, str], StreamAssignment] = {}
+    for policy in policies:
+        for k in streams:
+            say(f"simulating K={k} {policy}")
+            assignment = assign_streams(simulator.pairs, k, policy)
+            assignments[(k, policy)] = assignment
+            results[(k, policy)] = simulator.run(assignment)
+    say("simulating the bounds")
+    lower = simulator.bound(respect_rule=False)
+    rule = simulator.bound(respect_rule=True)
+    explanations = _explain_non_monotone(simulator, streams, policies, results, assignments)
+    return WhatIf(
+        module=module.name,
+        target=target,
+        streams=streams,
+        policies=policies,
+        results=results,
+        assignments=assignments,
+        lower_bound=lower,
+        rule_bound=rule,
+        serial=simulator.serial_time(),
+        pairs=simulator.pairs,
+        specs=simulator.specs,
+        notes=list(simulator.notes),
+        explanations=explanations,
+    )
+
+
+# Relative slack before a larger K counts as slower than a smaller one.
+MONOTONE_TOLERANCE = 1e-9
+# How many of the collectives waited for longer an explanation names, and how many
+# collectives it names as sharing links with, or running ahead of, each.
+MAX_VICTIMS = 3
+MAX_CULPRITS = 5
+
+
+def _explain_non_monotone(
+    simulator: Simulator,
+    streams: tuple[int, ...],
+    policies: tuple[Policy, ...],
+    results: dict[tuple[int, str], SimResult],
+    assignments: dict[tuple[int, str], StreamAssignment],
+) -> dict[tuple[int, str], str]:
+    """For each K predicted slower than the K before it: replays without bandwidth
+    sharing tell the two possible causes apart, and recorded replays name the pairs."""
+    out: dict[tuple[int, str], str] = {}
+    timelines: dict[tuple[tuple[str, int | None], ...], SimResult] = {}
+    for policy in policies:
+        for smaller, k in pairwise(streams):
+            slow, fast = results[(k, policy)], results[(smaller, policy)]
+            if slow.step_time <= fast.step_time * (1 + MONOTONE_TOLERANCE):
+                continue
+            slow_assignment, fast_assignment = (
+                assignments[(k, policy)],
+                assignments[(smaller, policy)],
+            )
+            unshared_slow = simulator.run(slow_assignment, share_bandwidth=False)
+            unshared_fast = simulator.run(fast_assignment, share_bandwidth=False)
+            head = (
+                f"{policy}: K={k} ({slow.step_time * 1e3:.4f} ms) is predicted slower than "
+                f"K={smaller} ({fast.step_time * 1e3:.4f} ms): "
+            )
+            if unshared_slow.step_time <= unshared_fast.step_time * (1 + MONOTONE_TOLERANCE):
+                cause = (
+                    "collectives that now run at the same time share link bandwidth, so "
+                    "the one the compute stream waits for first finishes later than it would "
+                    f"have queued alone (without sharing K={k} would take "
+                    f"{unshared_slow.step_time * 1e3:.4f} ms, K={smaller} "
+                    f"{unshared_fast.step_time * 1e3:.4f} ms)"
+                )
+            else:
+                cause = (
+                    f"the {policy} assignment for K={k} queues collectives behind "
+                    f"different ones than for K={smaller}, and a collective the compute stream "
+                    "needs early now waits behind a later one"
+                )
+            named = _named_causes(simulator, slow_assignment, fast_assignment, timelines)
+            out[(k, policy)] = head + cause + "".join(f". {n}" for n in named)
+    return out
+
+
+def _named_causes(
+    sim: Simulator,
+    slow: StreamAssignment,
+    fast: StreamAssignment,
+    timelines: dict[tuple[tuple[str, int | None], ...], SimResult],
+) -> list[str]:
+    """One sentence for each collective the compute stream waits for longer under
+    ``slow`` than under ``fast`` (longest first): which collectives share its links
+    while it runs, and which run ahead of it on its stream, under ``slow``.
+    ``timelines`` keeps the replays by streams, for the next call."""
+
+    def timeline(assignment: StreamAssignment) -> SimResult:
+        key = tuple(assignment.stream_of.items())
+        if key not in timelines:
+            timelines[key] = sim.collective_timeline(assignment)
+        return timelines[key]
+
+    slow_run = timeline(slow)
+    fast_waits = _waits(timeline(fast))
+    extra = {name: w - fast_waits.get(name, 0.0) for name, w in _waits(slow_run).items()}
+    tolerance = MONOTONE_TOLERANCE * max(slow_run.step_time, 1e-12)
+    victims = sorted((n for n, e in extra.items() if e > tolerance), key=lambda n: -extra[n])
+    jobs = [s for s in slow_run.slices or () if s.collective]
+    links = {spec.name: set(spec.cost.resources) for spec in sim.specs}
+    sentences = []
+    for name in victims[:MAX_VICTIMS]:
+        sharing: dict[str, int] = {}  # collective -> its lane
+        ahead: dict[str, int] = {}
+        occurrences = [s for s in jobs if s.name == name]
+        for v in occurrences:
+            # When it was issued (its slice starts when its stream took it).
+            ready = v.start - v.args["queued_us"] * 1e-6 - 1e-9
+            end = v.start + v.duration
+            for o in jobs:
+                if o.name == name:
+                    continue
+                o_end = o.start + o.duration
+                if o.lane == v.lane and o.start < v.start and o_end > ready:
+                    ahead[o.name] = o.lane
+                elif o.start < end and v.start < o_end and links[name] & links[o.name]:
+                    sharing[o.name] = o.lane
+        first = occurrences[0] if occurrences else None
+        where = f"{first.kind}, {lane_name(first.lane)}" if first else "collective"
+        sentence = f"%{name} ({where}) is waited for {extra[name] * 1e6:.1f} us longer"
+        if sharing:
+            sentence += f"; it shares link bandwidth with {_names(sharing)}"
+        if ahead:
+            stream = lane_name(next(iter(ahead.values())))
+            sentence += f"; it queues on {stream} behind {_names(ahead)}"
+        sentences.append(sentence)
+    return sentences
+
+
+def _waits(result: SimResult) -> dict[str, float]:
+    """Per collective, how long the compute stream waited for it (a collective on the
+    compute lane: its whole time)."""
+    waits: dict[str, float] = {}
+    for s in result.slices or ():
+        if s.lane != COMPUTE_LANE:
+            continue
+        name = s.args.get("collective") if s.kind == "wait" else s.name if s.collective else None
+        if name is not None:
+            waits[name] = waits.get(name, 0.0) + s.duration
+    return waits
+
+
+def _names(lanes: dict[str, int]) -> str:
+    """``%a (collective stream 1), %b (compute)``, at most MAX_CULPRITS, then a count."""
+    items = [f"%{n} ({lane_name(lane)})" for n, lane in sorted(lanes.items())]
+    more = len(items) - MAX_CULPRITS
+    return ", ".join(items[:MAX_CULPRITS]) + (f" and {more} more" if more > 0 else "")
