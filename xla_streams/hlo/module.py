@@ -629,14 +629,8 @@ class ModuleBuilder:
     untouched (the statement itself, unless XLA's layout put it together from others).
     """
 
-    def __init__(
-        self,
-        path: str,
-        text: str,
-        lines: list[str],
-        anchors: dict[tuple[int, str], Anchors] | None = None,
-    ) -> None:
-        self.module = Module(path, text, lines, anchors)
+    def __init__(self, module: Module) -> None:
+        self.module = module  # as constructed: no computation yet
 
     def text(self, written: str) -> None:
         """A line outside the computations (blank, comment, debug-info section)."""

@@ -88,7 +88,7 @@ def parse_module(text: str, path: str = "<string>") -> Module:
     # and printed back as it was.
     lines = text.split("\n")
     try:
-        builder = ModuleBuilder(path, text, lines)
+        builder = ModuleBuilder(Module(path, text, lines))
         return _read(builder, text, lines, range(1, len(lines) + 1), lines)
     except HloError:
         # Imported here: XLA's printing never needs it, and each process's start counts.
@@ -97,7 +97,7 @@ def parse_module(text: str, path: str = "<string>") -> Module:
         layout = xla_layout(lines)
         if layout is None:  # the text is in XLA's layout: the error stands
             raise
-    builder = ModuleBuilder(path, text, lines, layout.anchors)
+    builder = ModuleBuilder(Module(path, text, lines, layout.anchors))
     statements = layout.statements
     written = layout.written or statements  # None: edited, it prints in XLA's layout
     module = _read(builder, "\n".join(statements), statements, layout.lines, written)

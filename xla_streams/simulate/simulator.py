@@ -63,17 +63,13 @@ assumed to run the same schedule in lockstep.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from functools import cached_property
 from typing import Any
 
-from xla_streams.collectives import SYNC_PAIR_STREAM, StreamModel
-from xla_streams.hlo import Module
-from xla_streams.simulate.compiler import CompiledModule, Progress
-from xla_streams.simulate.errors import ErrorScale
+from xla_streams.collectives import SYNC_PAIR_STREAM
+from xla_streams.simulate.compiler import CompiledModule
 from xla_streams.simulate.network import Recorder
-from xla_streams.simulate.profile import MeasuredCosts
 from xla_streams.simulate.replay import DYNAMIC_LANE, Replay
-from xla_streams.simulate.targets import Target
 from xla_streams.simulate.timeline import (
     COMPUTE_LANE,
     OWN_STREAM_LANE,
@@ -86,31 +82,20 @@ from xla_streams.streams import AsyncPair, StreamAssignment, tied_units
 LOWER_BOUND_LABEL = "lower bound (unbounded streams, ignoring the deadlock rule)"
 RULE_BOUND_LABEL = "rule bound (a stream for each group the deadlock rule ties)"
 MAX_RECORDED_SLICES = 200_000
+# What a replay adds up: step time, compute busy, exposed communication, busy time per
+# lane, work profiled, work modelled.
+_Replayed = tuple[float, float, float, dict[int, float], float, float]
 
 
 class Simulator(CompiledModule):
     """Compiles a module once (costs, programs: ``CompiledModule``) and replays it for
     any assignment."""
 
-    def __init__(
-        self,
-        module: Module,
-        target: Target,
-        pairs: Sequence[AsyncPair] | None = None,
-        *,
-        model: StreamModel | None = None,
-        progress: Progress | None = None,
-        measured: MeasuredCosts | None = None,
-        errors: ErrorScale | None = None,
-    ) -> None:
-        """As :class:`CompiledModule`."""
-        super().__init__(
-            module, target, pairs, model=model, progress=progress, measured=measured, errors=errors
-        )
-        # Different (K, policy) often give the same lanes: each replayed once.
-        self._outcomes: dict[
-            tuple[Any, ...], tuple[float, float, float, dict[int, float], float, float]
-        ] = {}
+    @cached_property
+    def _outcomes(self) -> dict[tuple[Any, ...], _Replayed]:
+        """Each replay's outcome by its lanes: different (K, policy) often give the same
+        lanes, each replayed once."""
+        return {}
 
     def run(
         self,
