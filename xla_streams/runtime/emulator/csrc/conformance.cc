@@ -33,6 +33,8 @@
 #include <thread>
 #include <vector>
 
+#include "json.h"
+
 namespace {
 
 constexpr double kPatienceS = 10.0;  // how long a poll waits for what must happen
@@ -521,20 +523,6 @@ void EmulatorReports() {
          text);
 }
 
-std::string Json(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += ' ';
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
 
 }  // namespace
 
@@ -550,9 +538,9 @@ int main() {
   for (size_t i = 0; i < g_checks.size(); ++i) {
     const Check& c = g_checks[i];
     failed = failed || c.passed == 0;
-    out += (i ? "," : "") + std::string("{\"name\":") + Json(c.name) + ",\"passed\":" +
+    out += (i ? "," : "") + std::string("{\"name\":") + xsim::JsonString(c.name) + ",\"passed\":" +
            (c.passed < 0 ? "null" : c.passed ? "true" : "false") + ",\"detail\":" +
-           Json(c.detail) + ",\"cites\":" + Json(c.cites) + "}";
+           xsim::JsonString(c.detail) + ",\"cites\":" + xsim::JsonString(c.cites) + "}";
   }
   std::printf("%s]}\n", out.c_str());
   std::fflush(stdout);

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "json.h"
 #include "model.h"
 #include "xsim.h"
 
@@ -332,13 +333,8 @@ size_t xsim_reports(char* buffer, size_t capacity) {
   os << "[";
   bool first = true;
   for (const xsim::Report& r : model.Reports()) {
-    std::string message;
-    for (char c : r.message) {
-      if (c == '"' || c == '\\') message += '\\';
-      message += static_cast<unsigned char>(c) < 0x20 ? ' ' : c;
-    }
-    os << (first ? "" : ",") << "{\"kind\":\"" << r.kind << "\",\"message\":\"" << message
-       << "\"}";
+    os << (first ? "" : ",") << "{\"kind\":\"" << r.kind
+       << "\",\"message\":" << xsim::JsonString(r.message) << "}";
     first = false;
   }
   os << "]";

@@ -35,47 +35,60 @@
 #include <thread>
 #include <vector>
 
+#include "context.h"
 #include "xla/ffi/api/c_api.h"
 #include "xsim.h"
 
 namespace {
 
+using xsim::Context;
+
 XLA_FFI_Handler* g_start = nullptr;
 XLA_FFI_Handler* g_done = nullptr;
 size_t (*g_device_error)(int, char*, size_t) = nullptr;
 const XLA_FFI_Api* g_api = nullptr;  // XLA's
-XLA_FFI_Api g_forward_api;           // XLA's, but for Stream_Get
+XLA_FFI_Api g_forward_api;           // XLA's, but reading the forwarded calls' Contexts
 
 // XLA:CPU's device ordinal -> the emulated device (a job's CPU devices are
 // numbered by their global ids, 2048 onward in its second process); the
 // identity where none is set.
-std::mutex g_ordinals_mu;
-std::map<int, int> g_ordinals;
+struct Ordinals {
+  std::mutex mu;
+  std::map<int, int> local;
+};
+// Never destroyed, as every table here: the device threads use them until the
+// process ends, after static destructors ran.
+Ordinals& XlaOrdinals() {
+  static auto* ordinals = new Ordinals();
+  return *ordinals;
+}
+
+// Asks XLA's API `get` about `ctx` (XLA_FFI_DeviceOrdinal_Get, XLA_FFI_RunId_Get);
+// false, the error dropped, if it fails.
+template <typename Args>
+bool Ask(XLA_FFI_Error* (*get)(Args*), XLA_FFI_InvokeContext* ctx, Args* args) {
+  args->struct_size = sizeof(Args);
+  args->extension_start = nullptr;
+  args->ctx = ctx;
+  XLA_FFI_Error* e = get(args);
+  if (e == nullptr) return true;
+  XLA_FFI_Error_Destroy_Args destroy{XLA_FFI_Error_Destroy_Args_STRUCT_SIZE, nullptr, e};
+  g_api->XLA_FFI_Error_Destroy(&destroy);
+  return false;
+}
 
 int Ordinal(XLA_FFI_InvokeContext* ctx) {
   XLA_FFI_DeviceOrdinal_Get_Args args{};
-  args.struct_size = XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE;
-  args.ctx = ctx;
-  if (XLA_FFI_Error* e = g_api->XLA_FFI_DeviceOrdinal_Get(&args)) {
-    XLA_FFI_Error_Destroy_Args destroy{XLA_FFI_Error_Destroy_Args_STRUCT_SIZE, nullptr, e};
-    g_api->XLA_FFI_Error_Destroy(&destroy);
-    return -1;
-  }
-  std::lock_guard<std::mutex> lock(g_ordinals_mu);
-  auto it = g_ordinals.find(args.device_ordinal);
-  return it == g_ordinals.end() ? args.device_ordinal : it->second;
+  if (!Ask(g_api->XLA_FFI_DeviceOrdinal_Get, ctx, &args)) return -1;
+  Ordinals& ordinals = XlaOrdinals();
+  std::lock_guard<std::mutex> lock(ordinals.mu);
+  auto it = ordinals.local.find(args.device_ordinal);
+  return it == ordinals.local.end() ? args.device_ordinal : it->second;
 }
 
 int64_t RunId(XLA_FFI_InvokeContext* ctx) {
   XLA_FFI_RunId_Get_Args args{};
-  args.struct_size = XLA_FFI_RunId_Get_Args_STRUCT_SIZE;
-  args.ctx = ctx;
-  if (XLA_FFI_Error* e = g_api->XLA_FFI_RunId_Get(&args)) {
-    XLA_FFI_Error_Destroy_Args destroy{XLA_FFI_Error_Destroy_Args_STRUCT_SIZE, nullptr, e};
-    g_api->XLA_FFI_Error_Destroy(&destroy);
-    return 0;
-  }
-  return args.run_id;
+  return Ask(g_api->XLA_FFI_RunId_Get, ctx, &args) ? args.run_id : 0;
 }
 
 XLA_FFI_Error* Error(const std::string& message) {
@@ -120,15 +133,14 @@ Start Identify(const XLA_FFI_CallFrame* frame) {
   return id;
 }
 
-std::mutex g_order_mu;
-std::map<Start, Start> g_before;  // a start -> the start before it in its computation
-
-// What the backend's handler reads of its context, taken when XLA made the call.
-struct Context {
-  int device;
-  int64_t run;
-  void* stream;
+struct Schedule {
+  std::mutex mu;
+  std::map<Start, Start> before;  // a start -> the start before it in its computation
 };
+Schedule& Schedules() {
+  static auto* schedule = new Schedule();
+  return *schedule;
+}
 
 // A call frame owned by this library: XLA keeps the buffers alive until the
 // call's future completes, not the frame that describes them.
@@ -259,10 +271,11 @@ class DeviceThread {
     for (auto it = queue_.begin(); it != queue_.end(); ++it) {
       bool ready = !it->start || now - it->queued > std::chrono::seconds(10);
       if (!ready) {
-        std::lock_guard<std::mutex> order(g_order_mu);
-        auto before = g_before.find(it->id);
+        Schedule& schedule = Schedules();
+        std::lock_guard<std::mutex> order(schedule.mu);
+        auto before = schedule.before.find(it->id);
         auto& counts = runs_[it->frame->context().run];
-        ready = before == g_before.end() || counts[before->second] > counts[it->id];
+        ready = before == schedule.before.end() || counts[before->second] > counts[it->id];
       }
       if (ready) {
         *out = std::move(*it);
@@ -320,28 +333,13 @@ class DeviceThread {
   std::map<int64_t, std::map<Start, int64_t>> runs_;  // per run: how often each start ran
 };
 
-std::mutex g_devices_mu;
-std::map<int, std::unique_ptr<DeviceThread>> g_devices;
-
 DeviceThread* Device(int ordinal) {
-  std::lock_guard<std::mutex> lock(g_devices_mu);
-  auto& device = g_devices[ordinal];
-  if (!device) device = std::make_unique<DeviceThread>(ordinal);
-  return device.get();
-}
-
-// The forwarded frames' context (Context) for the backend's Ctx<...> bindings.
-XLA_FFI_Error* StreamGet(XLA_FFI_Stream_Get_Args* args) {
-  args->stream = reinterpret_cast<Context*>(args->ctx)->stream;
-  return nullptr;
-}
-XLA_FFI_Error* RunIdGet(XLA_FFI_RunId_Get_Args* args) {
-  args->run_id = reinterpret_cast<Context*>(args->ctx)->run;
-  return nullptr;
-}
-XLA_FFI_Error* DeviceOrdinalGet(XLA_FFI_DeviceOrdinal_Get_Args* args) {
-  args->device_ordinal = reinterpret_cast<Context*>(args->ctx)->device;
-  return nullptr;
+  static auto* mu = new std::mutex();
+  static auto* devices = new std::map<int, DeviceThread*>();
+  std::lock_guard<std::mutex> lock(*mu);
+  DeviceThread*& device = (*devices)[ordinal];
+  if (device == nullptr) device = new DeviceThread(ordinal);
+  return device;
 }
 
 XLA_FFI_Error* Forward(XLA_FFI_CallFrame* frame, bool start) {
@@ -349,16 +347,12 @@ XLA_FFI_Error* Forward(XLA_FFI_CallFrame* frame, bool start) {
   // XLA asks a handler for its metadata (API version, traits): the backend's answers.
   if (frame->extension_start != nullptr) return (start ? g_start : g_done)(frame);
   if (frame->stage != XLA_FFI_ExecutionStage_EXECUTE) return nullptr;
-  {
-    std::lock_guard<std::mutex> lock(g_devices_mu);
-    if (g_api == nullptr) {
-      g_api = frame->api;
-      g_forward_api = *frame->api;
-      g_forward_api.XLA_FFI_Stream_Get = StreamGet;
-      g_forward_api.XLA_FFI_RunId_Get = RunIdGet;
-      g_forward_api.XLA_FFI_DeviceOrdinal_Get = DeviceOrdinalGet;
-    }
-  }
+  static std::once_flag api_once;  // the API is XLA's, the same for every call
+  std::call_once(api_once, [frame] {
+    g_api = frame->api;
+    g_forward_api = *frame->api;
+    xsim::ReadContexts(&g_forward_api);
+  });
   XLA_FFI_Future_Create_Args create{XLA_FFI_Future_Create_Args_STRUCT_SIZE, nullptr, nullptr};
   if (XLA_FFI_Error* e = g_api->XLA_FFI_Future_Create(&create)) return e;
   frame->future = create.future;
@@ -383,16 +377,18 @@ void xsim_forward_set_backend(void* start, void* done, void* device_error) {
 
 // XLA's device ordinal `xla` is the emulated device `local`.
 void xsim_forward_set_ordinal(int xla, int local) {
-  std::lock_guard<std::mutex> lock(g_ordinals_mu);
-  g_ordinals[xla] = local;
+  Ordinals& ordinals = XlaOrdinals();
+  std::lock_guard<std::mutex> lock(ordinals.mu);
+  ordinals.local[xla] = local;
 }
 
 // In the schedule of one computation, the start (name, op_id) comes after the
 // start (before_name, before_op_id).
 void xsim_forward_order(const char* name, int64_t op_id, const char* before_name,
                         int64_t before_op_id) {
-  std::lock_guard<std::mutex> lock(g_order_mu);
-  g_before[{name, op_id}] = {before_name, before_op_id};
+  Schedule& schedule = Schedules();
+  std::lock_guard<std::mutex> lock(schedule.mu);
+  schedule.before[{name, op_id}] = {before_name, before_op_id};
 }
 
 XLA_FFI_Error* xsim_forward_start(XLA_FFI_CallFrame* frame) { return Forward(frame, true); }

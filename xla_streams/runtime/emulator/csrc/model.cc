@@ -27,6 +27,8 @@
 //            interleaving hit it.
 #include "model.h"
 
+#include "json.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -50,20 +52,6 @@ std::string Hex(uintptr_t p) {
   return os.str();
 }
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += ' ';
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
 
 }  // namespace
 

@@ -935,51 +935,32 @@ ncclResult_t ncclGroupEnd() {
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                            cudaStream_t stream) {
-  Prim p;
-  p.kind = Prim::kAllReduce;
-  p.dtype = datatype;
-  p.op = op;
-  p.count = static_cast<int64_t>(count);
+  Prim p{Prim::kAllReduce, datatype, op, static_cast<int64_t>(count), -1, {}};
   return xsim::AddCall(comm, "ncclAllReduce", p, sendbuff, recvbuff, stream);
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
-  Prim p;
-  p.kind = Prim::kAllGather;
-  p.dtype = datatype;
-  p.count = static_cast<int64_t>(sendcount);
+  Prim p{Prim::kAllGather, datatype, 0, static_cast<int64_t>(sendcount), -1, {}};
   return xsim::AddCall(comm, "ncclAllGather", p, sendbuff, recvbuff, stream);
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                cudaStream_t stream) {
-  Prim p;
-  p.kind = Prim::kReduceScatter;
-  p.dtype = datatype;
-  p.op = op;
-  p.count = static_cast<int64_t>(recvcount);
+  Prim p{Prim::kReduceScatter, datatype, op, static_cast<int64_t>(recvcount), -1, {}};
   return xsim::AddCall(comm, "ncclReduceScatter", p, sendbuff, recvbuff, stream);
 }
 
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream) {
-  Prim p;
-  p.kind = Prim::kSend;
-  p.dtype = datatype;
-  p.count = static_cast<int64_t>(count);
-  p.peer = peer;
+  Prim p{Prim::kSend, datatype, 0, static_cast<int64_t>(count), peer, {}};
   return xsim::AddCall(comm, "ncclSend", p, sendbuff, nullptr, stream);
 }
 
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream) {
-  Prim p;
-  p.kind = Prim::kRecv;
-  p.dtype = datatype;
-  p.count = static_cast<int64_t>(count);
-  p.peer = peer;
+  Prim p{Prim::kRecv, datatype, 0, static_cast<int64_t>(count), peer, {}};
   return xsim::AddCall(comm, "ncclRecv", p, nullptr, recvbuff, stream);
 }
 

@@ -33,6 +33,8 @@
 #include <thread>
 #include <vector>
 
+#include "context.h"
+#include "json.h"
 #include "xla/ffi/api/c_api.h"
 #include "xsim.h"
 
@@ -266,12 +268,6 @@ Script Read(const char* path) {
 // ---------------------------------------------------------------------------
 // XLA's C API, the part the handlers use.
 
-struct Context {  // what XLA_FFI_InvokeContext is here
-  int device;
-  int64_t run_id;
-  void* stream;
-};
-
 XLA_FFI_Error* ErrorCreate(XLA_FFI_Error_Create_Args* args) {
   return new XLA_FFI_Error{args->message ? args->message : "", args->errc};
 }
@@ -280,19 +276,6 @@ void ErrorGetDetails(XLA_FFI_Error_GetDetails_Args* args) {
   args->errc = args->error->code;
 }
 void ErrorDestroy(XLA_FFI_Error_Destroy_Args* args) { delete args->error; }
-XLA_FFI_Error* StreamGet(XLA_FFI_Stream_Get_Args* args) {
-  args->stream = reinterpret_cast<Context*>(args->ctx)->stream;
-  return nullptr;
-}
-XLA_FFI_Error* RunIdGet(XLA_FFI_RunId_Get_Args* args) {
-  args->run_id = reinterpret_cast<Context*>(args->ctx)->run_id;
-  return nullptr;
-}
-XLA_FFI_Error* DeviceOrdinalGet(XLA_FFI_DeviceOrdinal_Get_Args* args) {
-  args->device_ordinal = reinterpret_cast<Context*>(args->ctx)->device;
-  return nullptr;
-}
-
 XLA_FFI_Api MakeApi() {
   XLA_FFI_Api api{};
   api.struct_size = XLA_FFI_Api_STRUCT_SIZE;
@@ -302,9 +285,7 @@ XLA_FFI_Api MakeApi() {
   api.XLA_FFI_Error_Create = ErrorCreate;
   api.XLA_FFI_Error_GetDetails = ErrorGetDetails;
   api.XLA_FFI_Error_Destroy = ErrorDestroy;
-  api.XLA_FFI_Stream_Get = StreamGet;
-  api.XLA_FFI_RunId_Get = RunIdGet;
-  api.XLA_FFI_DeviceOrdinal_Get = DeviceOrdinalGet;
+  xsim::ReadContexts(&api);
   return api;
 }
 
@@ -318,14 +299,6 @@ struct Outcome {
   std::vector<std::string> errors, mismatches;
 };
 
-std::string Json(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += static_cast<unsigned char>(c) < 0x20 ? ' ' : c;
-  }
-  return out + "\"";
-}
 
 // One device's host thread: its buffers, its compute stream, its steps.
 class Device {
@@ -486,7 +459,7 @@ class Device {
         attr_values.push_back(&arrays[i]);
       }
     }
-    Context ctx{ordinal_, /*run_id=*/1, compute_};
+    xsim::Context ctx{ordinal_, /*run=*/1, compute_};
     XLA_FFI_CallFrame frame{};
     frame.struct_size = XLA_FFI_CallFrame_STRUCT_SIZE;
     frame.api = &kApi;
@@ -612,9 +585,9 @@ int main(int argc, char** argv) {
   std::sort(blocked.begin(), blocked.end());
   std::ostringstream os;
   os << "{\"errors\":[";
-  for (size_t k = 0; k < outcome.errors.size(); ++k) os << (k ? "," : "") << Json(outcome.errors[k]);
+  for (size_t k = 0; k < outcome.errors.size(); ++k) os << (k ? "," : "") << xsim::JsonString(outcome.errors[k]);
   os << "],\"mismatches\":[";
-  for (size_t k = 0; k < outcome.mismatches.size(); ++k) os << (k ? "," : "") << Json(outcome.mismatches[k]);
+  for (size_t k = 0; k < outcome.mismatches.size(); ++k) os << (k ? "," : "") << xsim::JsonString(outcome.mismatches[k]);
   os << "],\"blocked\":[";
   for (size_t k = 0; k < blocked.size(); ++k) os << (k ? "," : "") << blocked[k];
   // What the backend holds against each device at the end (xs_cuda_device_error).
@@ -624,7 +597,7 @@ int main(int argc, char** argv) {
   for (auto& [ordinal, steps] : script.threads) {
     char message[4096];
     if (device_error != nullptr && device_error(ordinal, message, sizeof(message)) > 0) {
-      os << (first ? "" : ",") << "\"" << ordinal << "\":" << Json(message);
+      os << (first ? "" : ",") << "\"" << ordinal << "\":" << xsim::JsonString(message);
       first = false;
     }
   }
