@@ -680,6 +680,10 @@ ffi::Error Communicator(Device* device, const OpAttrs& op, const std::vector<int
     ForgetId(key, id, attempt);
     return ffi::Error(ffi::ErrorCode::kInternal, message + " for " + op.Describe());
   }
+  {
+    std::lock_guard<std::mutex> progress(g_progress_mu);  // a rank of this process, none yet
+    g_progress[comm->id][rank] = 0;
+  }
   device->comms()[key] = comm;
   *out = comm;
   return ffi::Error::Success();
