@@ -21,6 +21,7 @@ from xla_streams.simulate import (
     predict_range,
 )
 from xla_streams.simulate.profile import module_fingerprint, parse_profile
+from xla_streams.simulate.targets import TargetError, target_with_overrides
 from xla_streams.streams import assign_streams
 
 H100 = dataclasses.replace(get_target("h100"), perf_table_key=None)
@@ -182,6 +183,13 @@ def test_interference_slows_compute_that_overlaps_a_collective() -> None:
     assert b.compute_time == pytest.approx(negate * 1.15 + multiply, rel=REL)
     assert b.step_time == pytest.approx(max(gather, negate * 1.15) + multiply, rel=REL)
     assert ErrorScale.at("high").interference == 0.15 and ErrorScale.at("low").interference == 0
+    # The target's switch turns the term off.
+    off = target_with_overrides(H100, {"interference": False})
+    assert run(Simulator(module, off, errors=ErrorScale(interference=0.15))).compute_time == (
+        pytest.approx(a.compute_time, rel=REL)
+    )
+    with pytest.raises(TargetError, match="interference must be true or false"):
+        target_with_overrides(H100, {"interference": 1})
 
 
 def test_the_held_clock_bounds_only_what_was_measured_in_bursts() -> None:

@@ -41,7 +41,7 @@ class Replay:
         self.exposed = 0.0
         self.profiled = 0.0  # work measured (profile) and modelled, as run
         self.modeled = 0.0
-        self.interference = compiled.errors.interference
+        self.interference = compiled.errors.interference if compiled.target.interference else 0.0
         self.in_flight: dict[int, Job] = {}
         self.fired: list[Job] = []
 

@@ -224,6 +224,9 @@ class Target:
     perf_table_key: str | None = None
     # A user's own table (load_perf_table); None: the one vendored from XLA.
     perf_table: PerfTable | None = None
+    # False: collectives in flight take nothing from the compute they overlap
+    # (``dataclasses.replace(target, interference=False)`` shows what the term costs).
+    interference: bool = True
 
     @property
     def description(self) -> str:
@@ -468,6 +471,10 @@ def target_with_overrides(
                     raise TargetError(f"{origin}: perf_table: {e}") from None
         elif isinstance(current, str):
             changes[key] = str(value)
+        elif isinstance(current, bool):
+            if not isinstance(value, bool):
+                raise TargetError(f"{origin}: {key} must be true or false, not {value!r}")
+            changes[key] = value
         elif (
             isinstance(current, int) and not isinstance(current, bool) and key == "devices_per_host"
         ):
