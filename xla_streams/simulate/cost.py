@@ -185,6 +185,11 @@ class OpCost:
     flops: float = 0.0
     bytes: int = 0
     error: str = ""
+    # The part of ``seconds`` the matrix units bound and the part HBM bounds (each
+    # alone; the kernel takes the larger, plus its overhead): what in-flight
+    # collectives slow (interference.py).
+    matrix_seconds: float = 0.0
+    memory_seconds: float = 0.0
 
 
 FREE = OpCost(0.0, "free")
@@ -245,9 +250,12 @@ class CostModel:
         measured = self._measured(inst)
         if measured is not None:
             seconds, flops, error = measured
-            seconds /= target.sustained_matrix_fraction  # burst measurements, held rate
-            seconds = max(seconds, memory_time + target.kernel_overhead)
-            return OpCost(seconds * target.time_ratio("matmul"), "matmul", flops, nbytes, error)
+            held = seconds / target.sustained_matrix_fraction  # burst measurements, held rate
+            seconds = max(held, memory_time + target.kernel_overhead)
+            ratio = target.time_ratio("matmul")
+            return OpCost(
+                seconds * ratio, "matmul", flops, nbytes, error, held * ratio, memory_time * ratio
+            )
         flops, element_type = 0.0, ""
         if opcode in ("fusion", ASYNC_FUSION_START):
             flops, element_type = self._called_flops(inst, "calls")
@@ -259,9 +267,13 @@ class CostModel:
             compute_time = flops / target.matrix_rate(element_type)
             seconds = max(compute_time, memory_time) + target.kernel_overhead
             ratio = target.time_ratio("matmul")
-            return OpCost(seconds * ratio, "matmul", flops, nbytes, "matmul")
+            return OpCost(
+                seconds * ratio, "matmul", flops, nbytes, "matmul", compute_time * ratio,
+                memory_time * ratio,
+            )  # fmt: skip
         seconds = memory_time + target.kernel_overhead
-        return OpCost(seconds * target.time_ratio("memory"), "memory", 0.0, nbytes, "memory")
+        ratio = target.time_ratio("memory")
+        return OpCost(seconds * ratio, "memory", 0.0, nbytes, "memory", 0.0, memory_time * ratio)
 
     def _measured(self, inst: Instruction) -> tuple[float, float, str] | None:
         """(seconds, FLOPs, error bound) of a GEMM or attention kernel from the
