@@ -57,8 +57,9 @@ from xla_streams.streams import assign_streams
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = sorted((REPO / "hlo_fixtures").glob("*.hlo"))
 # The alpha-beta model alone: the expected values below are its formulas. Collectives
-# priced from XLA's measured table are tested in test_measured_collectives.py.
-H100 = dataclasses.replace(get_target("h100"), perf_table_key=None)
+# priced from XLA's measured table are tested in test_measured_collectives.py, what
+# collectives in flight take from compute in test_interference.py.
+H100 = dataclasses.replace(get_target("h100"), perf_table_key=None, interference=False)
 SIMPLE = H100.protocols["simple"]
 LL = H100.protocols["ll"]
 REL = 1e-9
@@ -1041,9 +1042,13 @@ def test_cli_simulate(tmp_path: Path) -> None:
     hlo = tmp_path / "shared.hlo"
     hlo.write_text(SHARED)
     trace, page = tmp_path / "t.json", tmp_path / "r.html"
+    # Without interference the compute time is the kernels' alone: 3x under the calibration.
+    calm = tmp_path / "calm.json"
+    calm.write_text('{"interference": false}')
     result = subprocess.run(
         [sys.executable, "-m", "xla_streams", "simulate", str(hlo), "--streams=1,2",
-         "--policy=interval,round-robin", f"--trace={trace}", f"--html={page}", "--target=h200"],
+         "--policy=interval,round-robin", f"--trace={trace}", f"--html={page}", "--target=h200",
+         f"--target-file={calm}"],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -1053,7 +1058,8 @@ def test_cli_simulate(tmp_path: Path) -> None:
     calibration.write_text(Calibration({"h200": {"memory": 3.0}}, PROVENANCE).to_json())
     calibrated = subprocess.run(
         [sys.executable, "-m", "xla_streams", "simulate", str(hlo), "--streams=1",
-         "--target=h200", f"--calibration={calibration}", "--overlap-limit=4", "--sync-on-compute"],
+         "--target=h200", f"--target-file={calm}", f"--calibration={calibration}",
+         "--overlap-limit=4", "--sync-on-compute"],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert calibrated.returncode == 0, calibrated.stderr

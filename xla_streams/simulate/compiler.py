@@ -22,10 +22,12 @@ from xla_streams.simulate.timeline import SIDE_COMPUTE_LANE
 from xla_streams.streams import AsyncPair, find_async_pairs
 
 # Step tags. A compute step is (COMPUTE, seconds, name, kind, bytes, flops, seconds of it
-# measured); START/DONE issue and wait for an async pair, SYNC runs a collective and
-# waits for it, FIRE issues a send or recv whose done is elsewhere, WHILE is (WHILE,
-# name, condition, body, trip count, known), SIDE_START/SIDE_DONE start and wait for an
-# async kernel on a side compute stream.
+# measured, kernels), ``kernels`` its kernels' (seconds, matrix seconds, memory
+# seconds), one or those folded into it (``_merge``): what in-flight collectives slow.
+# START/DONE issue and wait for an async pair, SYNC runs a collective and waits for it,
+# FIRE issues a send or recv whose done is elsewhere, WHILE is (WHILE, name, condition,
+# body, trip count, known), SIDE_START/SIDE_DONE start and wait for an async kernel on a
+# side compute stream.
 COMPUTE, START, DONE, SYNC, FIRE, WHILE, SIDE_START, SIDE_DONE = range(8)
 
 Step = tuple[Any, ...]
@@ -236,9 +238,12 @@ class CompiledModule:
                 cost = cost_of(inst)
                 if cost.seconds > 0:
                     seconds, measured = self._kernel(name, cost.seconds, cost.error)
+                    scale = seconds / cost.seconds  # the profile's or the errors' factor
+                    parts = (seconds, cost.matrix_seconds * scale, cost.memory_seconds * scale)
                     steps.append(
-                        (COMPUTE, seconds, name, cost.kind, cost.bytes, cost.flops, measured)
-                    )
+                        (COMPUTE, seconds, name, cost.kind, cost.bytes, cost.flops, measured,
+                         (parts,))
+                    )  # fmt: skip
                     serial += seconds
         self._compiling.discard(comp.name)
         program = CompiledComputation(steps, serial)
@@ -321,14 +326,17 @@ class CompiledModule:
             return cached
         merged: list[Step] = []
         pending = pending_measured = 0.0
+        kernels: list[tuple[float, float, float]] = []
         for step in steps:
             if step[0] == COMPUTE:
                 pending += step[1]
                 pending_measured += step[6]
+                kernels.extend(step[7])
                 continue
             if pending:
-                merged.append((COMPUTE, pending, "", "", 0, 0.0, pending_measured))
+                merged.append((COMPUTE, pending, "", "", 0, 0.0, pending_measured, tuple(kernels)))
                 pending = pending_measured = 0.0
+                kernels = []
             if step[0] == WHILE:
                 cond, body = step[2], step[3]
                 step = (
@@ -339,7 +347,7 @@ class CompiledModule:
                 )  # fmt: skip
             merged.append(step)
         if pending:
-            merged.append((COMPUTE, pending, "", "", 0, 0.0, pending_measured))
+            merged.append((COMPUTE, pending, "", "", 0, 0.0, pending_measured, tuple(kernels)))
         self._merged[key] = merged
         return merged
 

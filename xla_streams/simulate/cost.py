@@ -128,6 +128,7 @@ from xla_streams.collectives import KINDS
 from xla_streams.hlo import Computation, Instruction, Module
 from xla_streams.hlo.attributes import decode, parse_backend_config, parse_int_list
 from xla_streams.hlo.shape import Shape
+from xla_streams.simulate import nccl
 from xla_streams.simulate.attention import attention_call
 from xla_streams.simulate.matmul import GemmShape, gemm_shape, gemm_shape_of_call
 from xla_streams.simulate.measured import MIN_BYTES
@@ -184,6 +185,11 @@ class OpCost:
     flops: float = 0.0
     bytes: int = 0
     error: str = ""
+    # The part of ``seconds`` the matrix units bound and the part HBM bounds (each
+    # alone; the kernel takes the larger, plus its overhead): what in-flight
+    # collectives slow (interference.py).
+    matrix_seconds: float = 0.0
+    memory_seconds: float = 0.0
 
 
 FREE = OpCost(0.0, "free")
@@ -192,7 +198,9 @@ FREE = OpCost(0.0, "free")
 @dataclass(frozen=True)
 class CollectiveCost:
     """One collective: an unshared latency, then ``wire_bytes`` at up to ``bandwidth``.
-    ``measured``: its standalone time is XLA's measured one (``measured.py``)."""
+    ``measured``: its standalone time is XLA's measured one (``measured.py``). ``sms``:
+    the SMs its NCCL kernel holds while it runs, ``hbm_per_byte`` the HBM bytes it moves
+    per wire byte (``nccl.py``)."""
 
     algorithm: str
     protocol: str
@@ -202,6 +210,8 @@ class CollectiveCost:
     network: bool
     devices: tuple[int, ...]
     measured: bool = False
+    sms: int = 0
+    hbm_per_byte: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -240,9 +250,12 @@ class CostModel:
         measured = self._measured(inst)
         if measured is not None:
             seconds, flops, error = measured
-            seconds /= target.sustained_matrix_fraction  # burst measurements, held rate
-            seconds = max(seconds, memory_time + target.kernel_overhead)
-            return OpCost(seconds * target.time_ratio("matmul"), "matmul", flops, nbytes, error)
+            held = seconds / target.sustained_matrix_fraction  # burst measurements, held rate
+            seconds = max(held, memory_time + target.kernel_overhead)
+            ratio = target.time_ratio("matmul")
+            return OpCost(
+                seconds * ratio, "matmul", flops, nbytes, error, held * ratio, memory_time * ratio
+            )
         flops, element_type = 0.0, ""
         if opcode in ("fusion", ASYNC_FUSION_START):
             flops, element_type = self._called_flops(inst, "calls")
@@ -254,9 +267,13 @@ class CostModel:
             compute_time = flops / target.matrix_rate(element_type)
             seconds = max(compute_time, memory_time) + target.kernel_overhead
             ratio = target.time_ratio("matmul")
-            return OpCost(seconds * ratio, "matmul", flops, nbytes, "matmul")
+            return OpCost(
+                seconds * ratio, "matmul", flops, nbytes, "matmul", compute_time * ratio,
+                memory_time * ratio,
+            )  # fmt: skip
         seconds = memory_time + target.kernel_overhead
-        return OpCost(seconds * target.time_ratio("memory"), "memory", 0.0, nbytes, "memory")
+        ratio = target.time_ratio("memory")
+        return OpCost(seconds * ratio, "memory", 0.0, nbytes, "memory", 0.0, memory_time * ratio)
 
     def _measured(self, inst: Instruction) -> tuple[float, float, str] | None:
         """(seconds, FLOPs, error bound) of a GEMM or attention kernel from the
@@ -474,6 +491,8 @@ def collective_cost(
     calibration ratio for ``kind``. ``dtype``: its element type (``F32``), which XLA's
     table keys reducing collectives by."""
     cost = _model_cost(kind, groups, size, target)
+    if cost.algorithm != "local":
+        cost = _with_kernel(cost, kind, groups, size, target)
     measured = _measured_cost(cost, kind, groups, size, target, dtype)
     if measured is not None:
         cost = measured
@@ -483,6 +502,33 @@ def collective_cost(
     # Latency and transfer scale together, so the standalone time scales by the ratio
     # and bandwidth sharing keeps its meaning.
     return dataclasses.replace(cost, latency=cost.latency * ratio, bandwidth=cost.bandwidth / ratio)
+
+
+def _with_kernel(
+    cost: CollectiveCost,
+    kind: str,
+    groups: tuple[tuple[int, ...], ...],
+    size: int,
+    target: Target,
+) -> CollectiveCost:
+    """``cost`` with what its NCCL kernel holds, for the algorithm and protocol it
+    picked (``nccl.py``)."""
+    family = KINDS[kind].cost
+    largest = max(groups, key=len, default=())
+    # A permute's communicator is every device of its pairs.
+    ranks = len(cost.devices) if family == "one-hop" else len(largest)
+    hosts = Counter(d // target.devices_per_host for d in largest)
+    k = nccl.kernel(
+        target,
+        family,
+        size,
+        ranks=ranks,
+        network=cost.network,
+        local=min(hosts.values(), default=1),
+        algorithm=cost.algorithm,
+        protocol=cost.protocol,
+    )
+    return dataclasses.replace(cost, sms=k.ctas, hbm_per_byte=k.hbm_per_byte)
 
 
 def _measured_cost(

@@ -62,12 +62,20 @@ first:
 - ``profiled`` [0.95, 1.05]: times from the program's own PGLE profile
   (``profile.py``) vary run to run by a few percent (JAX aggregates several
   profiled runs at the 90th percentile).
-- ``interference`` [0, 0.15]: the model runs a collective beside compute for
-  free. On the GPU NCCL's kernels take SMs (16-32 channels, one SM each, of
-  H100's 132: 12-24%) and HBM bandwidth from the kernels they overlap, so real
-  overlap is worse: at the high end every compute kernel that starts while a
-  collective is in flight takes 15% longer. The low end and the expected value
-  assume none.
+- ``clock_recovery`` [1, 0] and ``collective_hbm`` [2/3, 1]: what collectives in
+  flight take from the compute beside them (``interference.py``), priced in the
+  expected value from NCCL's channel rule (``nccl.py``). Neither is a factor on a
+  time: ``clock_recovery`` is the exponent ``beta`` by which the clock rises on the
+  SMs NCCL leaves to a GEMM at the power limit (``s ** -beta``): 1/3 expected (power
+  ``~ f^3``), 1 at the low end (throughput bound by power alone), 0 at the high end
+  (no clock recovered: a GEMM on a share ``s`` of the SMs takes ``1 / s`` the time);
+  ``collective_hbm`` scales the HBM bytes NCCL moves per byte it receives (3 on
+  Simple, 5 on LL): 1 expected and at the high end, 2/3 at the low end (registered
+  buffers skip the FIFO's copy: 2 where there are 3). On H100 a kernel beside one
+  24-channel ring is slowed 1.03 / 1.14 / 1.22 on its matrix time (low / expected /
+  high); measured on 4 A100s and H100s training GPT and Llama models, overlapped
+  compute runs 18.9% slower on average, 40% at worst (Lee et al. 2025, arXiv
+  2507.03114).
 """
 
 from __future__ import annotations
@@ -101,17 +109,24 @@ MODEL_ERRORS: tuple[ErrorBound, ...] = (
     ErrorBound("table_small", 0.7, 1.4, "XLA's table below 1 MiB: noisy, +-30-40%"),
     ErrorBound("table_large", 0.85, 1.1, "XLA's table from 1 MiB: smooth; NVLS can beat it"),
     ErrorBound("profiled", 0.95, 1.05, "PGLE profile: run-to-run noise"),
-    ErrorBound("interference", 0.0, 0.15, "NCCL takes 12-24% of H100's SMs while it runs"),
+    ErrorBound(
+        "clock_recovery", 1.0, 0.0, "clock on the SMs NCCL leaves: s^-beta, beta 1/3 (P ~ f^3)"
+    ),
+    ErrorBound(
+        "collective_hbm", 2 / 3, 1.0, "NCCL's HBM bytes per byte received: 3 (Simple), 2 direct"
+    ),
 )
+# The ends of the bounds that are no factor on a time (interference.py).
+NOT_TIME_FACTORS = frozenset({"clock_recovery", "collective_hbm"})
 # Measured-table collectives of at least this many bytes use ``table_large``.
 TABLE_SMOOTH_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
 class ErrorScale:
-    """Factors the simulator applies to its costs (all 1 and no interference: the model
-    as it stands). Time factors, except ``interference``: the fraction by which a
-    compute kernel that starts while a collective is in flight slows down."""
+    """Factors the simulator applies to its costs (the defaults: the model as it stands).
+    Time factors, except ``clock_recovery`` and ``collective_hbm``, the inputs of what
+    collectives in flight take from compute (``interference.py``)."""
 
     matmul: float = 1.0
     matmul_table: float = 1.0
@@ -124,7 +139,8 @@ class ErrorScale:
     table_small: float = 1.0
     table_large: float = 1.0
     profiled: float = 1.0
-    interference: float = 0.0
+    clock_recovery: float = 1 / 3
+    collective_hbm: float = 1.0
 
     @classmethod
     def at(cls, end: str, bounds: tuple[ErrorBound, ...] = MODEL_ERRORS) -> ErrorScale:

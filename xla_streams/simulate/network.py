@@ -75,6 +75,12 @@ class Network:
         self.usage: dict[int, int] = {}
         self.busy: dict[int, float] = {}
         self.recorder = recorder
+        # What the collectives running now take from compute (interference.py): the
+        # SMs their kernels hold and the HBM bytes/s they move; ``changes`` counts the
+        # events that may have changed them.
+        self.sms = 0
+        self.hbm = 0.0
+        self.changes = 0
 
     def submit(self, job: Job) -> None:
         queue = self.queues.get(job.lane)
@@ -85,25 +91,28 @@ class Network:
     def idle(self) -> bool:
         return not self.running and not any(self.queues.values())
 
-    def collective_in_flight(self, now: float) -> bool:
-        """A collective (not a side kernel) is running at ``now``, or ready to start;
-        the network is first run up to ``now``."""
-        self.run(until_time=now)
-        return any(job.lane > SIDE_COMPUTE_LANE for job in self.running.values()) or any(
-            queue and lane > SIDE_COMPUTE_LANE and queue[0].ready <= now
-            for lane, queue in self.queues.items()
+    def collectives_pending(self) -> bool:
+        """A collective (not a side kernel) is running or queued: compute beside it may
+        be slowed now or later."""
+        return self.sms > 0 or any(
+            queue and lane > SIDE_COMPUTE_LANE for lane, queue in self.queues.items()
         )
+
+    def next_event(self) -> float:
+        """When the next collective starts, ends its latency or finishes (inf: never)."""
+        t_next = math.inf
+        now = self.now
+        for lane, queue in self.queues.items():
+            if queue and lane not in self.running:
+                t_next = min(t_next, max(now, queue[0].ready))
+        for job in self.running.values():
+            t_next = min(t_next, job.finish_at if job.transferring else job.latency_end)
+        return t_next
 
     def run(self, until_time: float = math.inf, until_job: Job | None = None) -> None:
         """Process events up to ``until_time`` or until ``until_job`` has finished."""
         while until_job is None or until_job.end is None:
-            t_next = math.inf
-            now = self.now
-            for lane, queue in self.queues.items():
-                if queue and lane not in self.running:
-                    t_next = min(t_next, max(now, queue[0].ready))
-            for job in self.running.values():
-                t_next = min(t_next, job.finish_at if job.transferring else job.latency_end)
+            t_next = self.next_event()
             if t_next > until_time:
                 self._advance(until_time)
                 return
@@ -122,6 +131,7 @@ class Network:
             self.now = t
 
     def _events(self, t: float) -> None:
+        self.changes += 1
         tolerance = _EPS * max(abs(t), 1e-9)
         limit = t + tolerance
         changed = False
@@ -145,6 +155,7 @@ class Network:
                 job.begin = t
                 job.latency_end = t + job.spec.cost.latency
                 self.running[lane] = job
+                self.sms += job.spec.cost.sms
                 if job.latency_end <= t:
                     if job.remaining > 0:
                         self._start_transfer(job)
@@ -165,6 +176,7 @@ class Network:
         job.end = t
         job.remaining = 0.0
         del self.running[job.lane]
+        self.sms -= job.spec.cost.sms
         if job.transferring:
             job.transferring = False
             self.transferring.remove(job)
@@ -177,6 +189,7 @@ class Network:
     def _rates(self) -> None:
         now = self.now
         usage = self.usage
+        hbm = 0.0
         for job in self.transferring:
             cost = job.spec.cost
             share = 1.0
@@ -184,6 +197,8 @@ class Network:
                 share = 1.0 / max(usage[r] for r in cost.resources)
             job.rate = cost.bandwidth * share
             job.finish_at = now + job.remaining / job.rate if job.rate > 0 else math.inf
+            hbm += job.rate * cost.hbm_per_byte
+        self.hbm = hbm
 
 
 class Recorder:

@@ -89,12 +89,28 @@ class Step:
 
 
 @dataclass(frozen=True)
+class ChangeSplit:
+    """A result's change over the baseline split into parts that add up to ``total_ms``
+    (``results[i].change_ms``; ``whatif.Change``)."""
+
+    queueing_ms: float
+    bandwidth_sharing_ms: float
+    interference_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        return self.queueing_ms + self.bandwidth_sharing_ms + self.interference_ms
+
+
+@dataclass(frozen=True)
 class Result(Step):
-    """One K and policy (``results[i]``), with each collective stream's busy time."""
+    """One K and policy (``results[i]``), with each collective stream's busy time and
+    its change over the baseline, split (None in files written before it was added)."""
 
     streams: int
     policy: str
     stream_busy_ms: tuple[float, ...]
+    change_ms: ChangeSplit | None = None
 
 
 @dataclass(frozen=True)
@@ -212,6 +228,8 @@ class Prediction:
     profile: ProfileSummary | None
     notes: tuple[str, ...]
     xla_estimate: XlaStep | None = None
+    # What collectives in flight take from the baseline's step (None: an older file).
+    interference_ms: float | None = None
 
     @classmethod
     def of(
@@ -240,11 +258,14 @@ class Prediction:
                 streams=k,
                 policy=policy,
                 stream_busy_ms=tuple(r.lane_busy.get(s, 0.0) * 1e3 for s in range(k)),
+                change_ms=ChangeSplit(
+                    c.queueing * 1e3, c.bandwidth_sharing * 1e3, c.interference * 1e3
+                ),
                 **Step.times(r, base),
             )
             for policy in what.policies
             for k in what.streams
-            for r in [what.results[(k, policy)]]
+            for r, c in [(what.results[(k, policy)], what.changes[(k, policy)])]
         )
         span = None
         if range_ is not None:
@@ -298,6 +319,7 @@ class Prediction:
             profile=profile,
             notes=(*what.notes, *what.non_monotone()),
             xla_estimate=None if xla_estimate is None else XlaStep.of(xla_estimate),
+            interference_ms=what.interference * 1e3,
         )
 
     def to_json(self) -> str:
@@ -322,12 +344,21 @@ class Prediction:
                 "compute_only_ms": self.compute_only_ms,
                 "exposed_communication_ms": self.exposed_communication_ms,
                 "serial_ms": self.serial_ms,
+                "interference_ms": self.interference_ms,
                 "results": [
                     {
                         "streams": r.streams,
                         "policy": r.policy,
                         **r._times_json(),
                         "stream_busy_ms": list(r.stream_busy_ms),
+                        "change_ms": None
+                        if r.change_ms is None
+                        else {
+                            "total": r.change_ms.total_ms,
+                            "queueing": r.change_ms.queueing_ms,
+                            "bandwidth_sharing": r.change_ms.bandwidth_sharing_ms,
+                            "interference": r.change_ms.interference_ms,
+                        },
                     }
                     for r in self.results
                 ],
@@ -430,6 +461,9 @@ class Prediction:
             xla_estimate=_read_xla_step(estimate)
             if (estimate := doc.get("xla_estimate"))
             else None,
+            interference_ms=interference.nullable(_json.Value.number)
+            if (interference := doc.get("interference_ms"))
+            else None,
         )
 
 
@@ -450,12 +484,26 @@ def _read_result(doc: _json.Value) -> Result:
     busy = tuple(b.number(0) for b in doc["stream_busy_ms"].items())
     if len(busy) != streams:
         doc["stream_busy_ms"].fail(f"expected one time per stream ({streams}), got {len(busy)}")
+    change = doc.get("change_ms")
     return Result(
         streams=streams,
         policy=doc["policy"].one_of(POLICIES),
         stream_busy_ms=busy,
+        change_ms=None if change is None else change.nullable(_read_change),
         **_read_step(doc),
     )
+
+
+def _read_change(doc: _json.Value) -> ChangeSplit:
+    split = ChangeSplit(
+        doc["queueing"].number(),
+        doc["bandwidth_sharing"].number(),
+        doc["interference"].number(),
+    )
+    total = doc["total"].number()
+    if abs(total - split.total_ms) > 1e-6 * max(1.0, abs(total)):
+        doc["total"].fail(f"expected the sum of the parts ({split.total_ms}), got {total}")
+    return split
 
 
 def _read_ends(doc: _json.Value) -> Ends:

@@ -2,9 +2,9 @@
 
 ``predict_range(simulator, assignment)`` replays the module three times: as
 modelled (the expected value), with every input at the optimistic end of its
-error bound (low), and with every input at the pessimistic end plus
-interference (high: compute kernels that start while a collective is in flight
-slow down, as NCCL takes SMs and HBM bandwidth from them). The bounds, each with
+error bound (low), and with every input at the pessimistic end (high; what
+collectives in flight take from the compute beside them among them: the clock
+recovered on the SMs NCCL leaves, the HBM bytes it moves). The bounds, each with
 its source, are :data:`~xla_streams.simulate.errors.MODEL_ERRORS` (``errors.py``;
 ``docs/predictions.md`` prints them as a table).
 

@@ -15,9 +15,12 @@ from xla_streams.simulate.compiler import (
     CompiledModule,
     Step,
 )
+from xla_streams.simulate.interference import factors, slowdown
 from xla_streams.simulate.network import CollectiveSpec, Job, Network, Recorder
 from xla_streams.simulate.timeline import COMPUTE_LANE, OWN_STREAM_LANE, P2P_LANE, Slice
 
+# A compute kernel: its seconds alone, of which bound by the matrix units, by HBM.
+Kernel = tuple[float, float, float]
 # The lane of a pair that takes the lowest-numbered stream of its own idle when it
 # starts (the lower bound's).
 DYNAMIC_LANE = -3
@@ -28,10 +31,17 @@ class Replay:
     in order, the network the collectives; the clock, and what it adds up."""
 
     def __init__(
-        self, compiled: CompiledModule, lanes: list[int], share: bool, recorder: Recorder | None
+        self,
+        compiled: CompiledModule,
+        lanes: list[int],
+        share: bool,
+        recorder: Recorder | None,
+        interference: bool = True,
     ) -> None:
         """``lanes``: the lane of each pair (``DYNAMIC_LANE``: an idle stream of its own);
-        the other collectives' steps say their lanes."""
+        the other collectives' steps say their lanes. ``interference``: collectives in
+        flight slow the compute beside them (``interference.py``; also off when the
+        target turns it off)."""
         self.specs = compiled.specs
         self.lanes = lanes
         self.network = Network(share, recorder)
@@ -41,9 +51,14 @@ class Replay:
         self.exposed = 0.0
         self.profiled = 0.0  # work measured (profile) and modelled, as run
         self.modeled = 0.0
-        self.interference = compiled.errors.interference
+        self.target = compiled.target
+        self.errors = compiled.errors
+        self.interference = interference and compiled.target.interference
         self.in_flight: dict[int, Job] = {}
         self.fired: list[Job] = []
+        # (f_mat, f_mem) for the network's state after ``_changes`` events.
+        self._factors = (1.0, 1.0)
+        self._changes = -1
 
     def _count(self, spec: CollectiveSpec) -> None:
         if spec.profiled:
@@ -51,14 +66,43 @@ class Replay:
         else:
             self.modeled += spec.cost.seconds
 
-    def kernel_time(self, seconds: float) -> float:
-        """What a compute kernel that takes ``seconds`` alone takes when it starts now:
-        longer by ``errors.interference`` while a collective is in flight (NCCL's kernels
-        take SMs and memory bandwidth from the kernels they overlap). The one place the
-        replay prices compute against the collectives beside it."""
-        if self.interference > 0 and self.network.collective_in_flight(self.t):
-            return seconds * (1 + self.interference)
-        return seconds
+    def compute_time(
+        self, seconds: float, kernels: tuple[tuple[float, float, float], ...]
+    ) -> float:
+        """What compute that takes ``seconds`` alone (``kernels``: its kernels' seconds,
+        matrix and memory seconds) takes when it starts now: the overlapped part of each
+        kernel slowed by the collectives running beside it (``interference.py``). The
+        one place the replay prices compute against the collectives beside it."""
+        if not self.interference:
+            return seconds
+        network = self.network
+        network.run(until_time=self.t)
+        if not network.collectives_pending():
+            return seconds  # nothing in flight, and nothing can start before it ends
+        t = self.t
+        for kernel in kernels:
+            t = self._kernel_end(t, *kernel)
+        return t - self.t
+
+    def _kernel_end(self, t: float, seconds: float, matrix: float, memory: float) -> float:
+        """When a kernel that starts at ``t`` ends: it progresses at 1 / its slowdown,
+        which changes at each event of the network."""
+        network = self.network
+        remaining = seconds  # of its time alone
+        while True:
+            network.run(until_time=t)
+            if not network.collectives_pending():
+                return t + remaining
+            if network.changes != self._changes:
+                self._changes = network.changes
+                self._factors = factors(self.target, self.errors, network.sms, network.hbm)
+            f = slowdown(seconds, matrix, memory, *self._factors)
+            end = t + remaining * f
+            event = network.next_event()
+            if end <= event:
+                return end
+            remaining -= (event - t) / f
+            t = event
 
     def program(self, steps: list[Step]) -> None:
         recorder = self.recorder
@@ -69,7 +113,7 @@ class Replay:
                 seconds = step[1]
                 self.profiled += step[6]
                 self.modeled += seconds - step[6]
-                seconds = self.kernel_time(seconds)
+                seconds = self.compute_time(seconds, step[7])
                 if recorder is not None and recorder.compute:
                     recorder.add(
                         Slice(
@@ -152,6 +196,8 @@ class Replay:
         while i < trip:
             network.run(until_time=self.t)
             idle_before = network.idle() and not self.in_flight
+            # Compute beside a collective is slowed: such an iteration is no template.
+            slowed = self.interference and network.collectives_pending()
             before = (
                 self.t, self.compute_busy, self.exposed, dict(network.busy), self.profiled,
                 self.modeled,
@@ -170,6 +216,8 @@ class Replay:
                 network.run(until_time=self.t)
                 if not (network.idle() and not self.in_flight):
                     continue
+            elif slowed:
+                continue
             # Every later iteration takes exactly as long as this one: add them up.
             repeats = trip - i
             t0, busy0, exposed0, lanes0, profiled0, modeled0 = before

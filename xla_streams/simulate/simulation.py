@@ -157,6 +157,23 @@ def format_what_if(
         busy.append(row)
     lines.append("busy time of collective streams 0..K-1 (ms):")
     lines.extend(aligned(busy, indent="  "))
+    if len(what.streams) > 1:
+        lines.append(
+            f"change over K={what.baseline.streams} (ms): queueing + bandwidth sharing + "
+            f"interference = total; interference adds {what.interference * 1e3:.4f} ms to "
+            f"K={what.baseline.streams}'s step:"
+        )
+        split = [header]
+        for k in what.streams[1:]:
+            row = [str(k)]
+            for p in what.policies:
+                c = what.changes[(k, p)]
+                row.append(
+                    f"{c.queueing * 1e3:+.4f} {c.bandwidth_sharing * 1e3:+.4f} "
+                    f"{c.interference * 1e3:+.4f} = {c.total * 1e3:+.4f}"
+                )
+            split.append(row)
+        lines.extend(aligned(split, indent="  "))
     if xla is not None:
         lines.append(
             f"XLA's own multi-streaming (--{MULTI_STREAMING}: "

@@ -41,24 +41,27 @@ The model:
   says so. As soon as an iteration starts and ends with no collective in flight,
   every later iteration is identical, so they are added without replaying them.
   A ``conditional`` runs its most expensive branch; ``call`` runs its callee.
-- Two bounds, both without bandwidth sharing, and both leaving the compute and
-  p2p lanes and XLA's pin of sync pairs to stream 0 as they are: the *lower
-  bound* gives every collective its own stream (unbounded streams, ignoring
-  the deadlock rule); the *rule bound* gives each group of pairs the deadlock
-  rule ties together (``tied_units``) one stream of its own, the best any K
-  can do while keeping the rule.
+- Two bounds, both without bandwidth sharing or interference, and both leaving
+  the compute and p2p lanes and XLA's pin of sync pairs to stream 0 as they are:
+  the *lower bound* gives every collective its own stream (unbounded streams,
+  ignoring the deadlock rule); the *rule bound* gives each group of pairs the
+  deadlock rule ties together (``tied_units``) one stream of its own, the best any
+  K can do while keeping the rule.
 
 Predictions: step time, exposed communication, busy time per stream, for each
 stream count K and policy, with the real assignment of ``assign-streams``.
 
-Not modelled in the expected value (each makes real overlap somewhat worse
-than predicted): NCCL kernels taking SMs and HBM bandwidth from the compute
-kernels they overlap (``errors=ErrorScale(interference=...)`` slows compute that
-starts while a collective is in flight, in ``Replay.kernel_time``;
-``ranges.predict_range`` uses it for its high end), several channels of one
-collective spreading over links differently from a plain ring, and launch
-overheads saved by CUDA graphs. The time of one device is predicted; ranks are
-assumed to run the same schedule in lockstep.
+- A compute kernel that runs while collectives are in flight is slowed by what
+  their NCCL kernels take from it: the SMs their channels hold and the HBM bandwidth
+  their transfers move (``interference.py``, from NCCL's channel rule in
+  ``nccl.py``), for the part of it that overlaps them, in ``Replay.compute_time``.
+  Collectives of K streams in flight at once add up.
+
+Not modelled (each makes real overlap somewhat worse than predicted): several
+channels of one collective spreading over links differently from a plain ring, a
+collective kept waiting for SMs a compute kernel holds, and launch overheads saved
+by CUDA graphs. The time of one device is predicted; ranks are assumed to run the
+same schedule in lockstep.
 """
 
 from __future__ import annotations
@@ -104,12 +107,15 @@ class Simulator(CompiledModule):
         record: bool = False,
         label: str | None = None,
         share_bandwidth: bool = True,
+        interference: bool = True,
     ) -> SimResult:
         """Replay with ``assignment``'s streams; ``share_bandwidth`` turns the sharing
-        of links between concurrent collectives on or off."""
+        of links between concurrent collectives on or off, ``interference`` what they
+        take from the compute beside them (``interference.py``)."""
         return self._result(
             self._lanes(assignment),
             share=share_bandwidth,
+            interference=interference,
             record=record,
             label=label or f"K={assignment.streams} {assignment.policy}",
             streams=assignment.streams,
@@ -122,6 +128,7 @@ class Simulator(CompiledModule):
         return self._result(
             self._lanes(assignment),
             share=True,
+            interference=True,
             record=True,
             compute_slices=False,
             label=f"K={assignment.streams} {assignment.policy}",
@@ -146,8 +153,10 @@ class Simulator(CompiledModule):
 
     def bound(self, *, respect_rule: bool, record: bool = False) -> SimResult:
         """The lower bound (``respect_rule=False``) or the rule bound (see the module
-        docstring); neither shares bandwidth. XLA runs a sync pair of the communication
-        lane on stream 0 whatever it is assigned (:class:`StreamModel`): so do both."""
+        docstring); neither shares bandwidth, and neither slows the compute beside the
+        collectives (no interference: a bound is the best the streams can do). XLA runs
+        a sync pair of the communication lane on stream 0 whatever it is assigned
+        (:class:`StreamModel`): so do both."""
         lanes = [
             SYNC_PAIR_STREAM
             if pair.lane == "communication" and pair.sync
@@ -165,6 +174,7 @@ class Simulator(CompiledModule):
         return self._result(
             [DYNAMIC_LANE if lane is None else lane for lane in lanes],
             share=False,
+            interference=False,
             record=record,
             label=RULE_BOUND_LABEL if respect_rule else LOWER_BOUND_LABEL,
             streams=None,
@@ -185,6 +195,7 @@ class Simulator(CompiledModule):
         lanes: list[int],
         *,
         share: bool,
+        interference: bool,
         record: bool,
         label: str,
         streams: int | None,
@@ -193,12 +204,11 @@ class Simulator(CompiledModule):
     ) -> SimResult:
         recorder = Recorder(MAX_RECORDED_SLICES, compute_slices) if record else None
         # Different (K, policy) often give the same streams: replay each once.
-        key = (share, *lanes)
+        key = (share, interference, *lanes)
         outcome = None if record else self._outcomes.get(key)
         if outcome is None:
-            replay = Replay(self, lanes, share=share, recorder=recorder)
-            # Interference depends on when each kernel starts: no merged steps then.
-            whole = (record and compute_slices) or self.errors.interference > 0
+            replay = Replay(self, lanes, share=share, recorder=recorder, interference=interference)
+            whole = record and compute_slices
             replay.program(self.entry.steps if whole else self.merged_entry)
             replay.finish()
             lane_busy = dict(sorted(replay.network.busy.items()))

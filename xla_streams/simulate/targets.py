@@ -75,6 +75,36 @@ bandwidth factor) for the latency terms, per protocol (``protocols``):
   trees; per ring step 0.47 / 2.7 us, per tree step 0.52 / 5.0 us (NVLink /
   network); a quarter of the bandwidth (``busBw *= 1.0/4.0`` for Ring/LL).
 
+What NCCL's kernels hold (``nccl.py``: the channel rule per call; ``interference.py``:
+what that costs the compute beside them), read from NCCL 2.30.7 (NVIDIA/nccl@5067397c):
+
+- ``sm_count``: the SMs of the GPU, as XLA's GPU target configurations
+  (``xla_streams/targets/*.txtpb``, ``core_count``) have them: 132 on H100 SXM and
+  H200, 108 on A100, 148 on B200; GB200 takes B200's (the same Blackwell GPU; XLA
+  ships no GB200 configuration).
+- ``nccl_channels``, ``nccl_channels_network``: the channels of a communicator inside
+  one host and across hosts (``comm->nChannels``). NCCL searches rings at the first
+  speed of its per-architecture array the NVLink paths allow (``src/graph/search.cc``
+  1051-1065, 1170-1174: 6 at 60 GB/s on 18 Hopper links of 20.6 GB/s, 6 at 40 on 12
+  Ampere links, 8 at 90 on 18 Blackwell links of 40.1; ``src/graph/topo.h`` 19-24),
+  doubles them once (search.cc 1036-1049) and again when it connects them
+  (``src/graph/connect.cc`` 459-460): 24 on H100, H200 and A100, 32 on B200 and GB200
+  (one NVLink domain). Logged: "24 coll channels, ... 16 nvls channels, 32 p2p
+  channels, 32 p2p channels per peer" on 8 H100s (AWS p5), "32 coll channels, ... 24
+  nvls channels" on GB200 NVL72, "Channel 23/24" on 8 A100s (NVIDIA/nccl-tests#100).
+  Across hosts of 8 GPUs with 8 NICs a ring takes one channel per NIC at 48 GB/s,
+  doubled once: 16 ("If you are on DGX with 8 NICs ... it would use 16 SMs",
+  sjeaugey in NVIDIA/nccl#689; 16 trees logged in NVIDIA/nccl-tests#319).
+- ``nvls_channels``: NVLink SHARP's CTAs (``src/transport/nvls.cc`` 155-157,
+  209-213): 16 on Hopper, 24 on one Blackwell host (NCCL's default, on when the
+  system supports it: ``NCCL_NVLS_ENABLE`` 2); 0 where it is off (A100 has none).
+- ``nccl_max_channels``: a cap the environment sets (``NCCL_MAX_NCHANNELS``,
+  connect.cc 492-506); 0 for none.
+- ``network_unpack``: the network writes into GPU memory pages the kernel's own warps
+  unpack (GPUDirect-TCPX and TCPXO: ``NCCL_NET_DEVICE_UNPACK``), which doubles a
+  cross-host communicator below 16 channels (connect.cc 485-490) and moves 2 more
+  HBM bytes per byte from the NIC (``src/device/network/unpack/unpack.h``).
+
 Modelling assumptions (not datasheet numbers; override them with a JSON file, or
 correct whole kernel classes with measured ratios: ``calibration.py``):
 
@@ -224,6 +254,18 @@ class Target:
     perf_table_key: str | None = None
     # A user's own table (load_perf_table); None: the one vendored from XLA.
     perf_table: PerfTable | None = None
+    # False: collectives in flight take nothing from the compute they overlap
+    # (``dataclasses.replace(target, interference=False)`` shows what the term costs).
+    interference: bool = True
+    # What NCCL's kernels hold (nccl.py): the GPU's SMs, the channels of a communicator
+    # inside a host and across hosts, NVLink SHARP's (0: off), the environment's cap
+    # (0: none), a network the kernels unpack on the GPU.
+    sm_count: int = 132
+    nccl_channels: int = 24
+    nccl_channels_network: int = 16
+    nvls_channels: int = 0
+    nccl_max_channels: int = 0
+    network_unpack: bool = False
 
     @property
     def description(self) -> str:
@@ -302,6 +344,10 @@ H100 = Target(
     network_bandwidth=50 * GIGA,
     sustained_matrix_fraction=708.5 / 841.9,  # H200's MSMF / MAMF: the same die and power
     memory_efficiency=2.97 / 3.35,  # BabelStream Triad, Azure ND H100 v5
+    sm_count=132,
+    nccl_channels=24,
+    nccl_channels_network=16,
+    nvls_channels=16,
     sources=(
         "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column",
         "NVIDIA DGX H100 user guide: 8x ConnectX-7 400 Gb/s",
@@ -313,6 +359,8 @@ H100 = Target(
         "NVIDIA/cudnn-frontend benchmark_results.csv: cuDNN attention on Hopper",
         "stas00/ml-engineering@082816f9: H200 BF16 MAMF 841.9, MSMF 708.5 TFLOP/s",
         "Azure/AI-benchmarking-guide: BabelStream Triad 2.97 TB/s, ND H100 v5",
+        "XLA's h100_sxm.txtpb: core_count 132",
+        "NVIDIA/nccl@5067397c: 24 channels in a host, 16 across, 16 NVLS (nccl.py)",
     ),
     perf_table_key="sm_90",
 )
@@ -334,6 +382,8 @@ H200 = dataclasses.replace(
         "NVIDIA/cudnn-frontend benchmark_results.csv: cuDNN attention on Hopper",
         "stas00/ml-engineering@082816f9: H200 BF16 MAMF 841.9, MSMF 708.5 TFLOP/s",
         "Azure/AI-benchmarking-guide: BabelStream Triad 4.15 TB/s, ND H200 v5",
+        "XLA's h200_sxm.txtpb: core_count 132",
+        "NVIDIA/nccl@5067397c: 24 channels in a host, 16 across, 16 NVLS (nccl.py)",
     ),
 )
 
@@ -349,10 +399,15 @@ A100 = Target(
     memory_bandwidth=1.555 * TERA,
     nvlink_bandwidth=300 * GIGA,
     network_bandwidth=25 * GIGA,
+    sm_count=108,
+    nccl_channels=24,
+    nccl_channels_network=16,
     sources=(
         "NVIDIA A100 Tensor Core GPU datasheet, A100 40GB SXM column",
         "NVIDIA DGX A100 user guide: 8x ConnectX-6 200 Gb/s",
         "NVIDIA/nccl src/graph/tuning.cc baseLat/hwLat (Simple protocol)",
+        "XLA's a100_sxm_40.txtpb: core_count 108",
+        "NVIDIA/nccl@5067397c: 24 channels in a host, 16 across, no NVLS (nccl.py)",
     ),
 )
 
@@ -377,8 +432,14 @@ B200 = Target(
         "XLA's matmul performance table, sm_100_B200",
         "NVIDIA/cudnn-frontend sdpa_bf16_benchmark_results_NVIDIA_B200.csv",
         "stas00/ml-engineering@082816f9: B200 BF16 MAMF 1770.9, MSMF 1456.3 TFLOP/s",
+        "XLA's b200.txtpb: core_count 148",
+        "NVIDIA/nccl@5067397c: 32 channels in a host, 16 across, 24 NVLS (nccl.py)",
     ),
     sustained_matrix_fraction=1456.3 / 1770.9,  # MSMF / MAMF
+    sm_count=148,
+    nccl_channels=32,
+    nccl_channels_network=16,
+    nvls_channels=24,
     perf_table_key="sm_100_B200",
 )
 
@@ -402,7 +463,13 @@ GB200 = Target(
         "NVIDIA/nccl src/graph/tuning.cc baseLat/hwLat (Simple protocol)",
         "XLA's collective performance table, sm_100_GB200",
         "NVIDIA/cudnn-frontend sdpa_bf16_benchmark_results_NVIDIA_GB200.csv",
+        "B200's SM count (XLA's b200.txtpb: 148), the same Blackwell GPU",
+        "NVIDIA/nccl@5067397c: 32 channels in the NVLink domain, 24 NVLS (nccl.py)",
     ),
+    sm_count=148,
+    nccl_channels=32,
+    nccl_channels_network=16,
+    nvls_channels=24,
     perf_table_key="sm_100_GB200",
 )
 
@@ -468,11 +535,14 @@ def target_with_overrides(
                     raise TargetError(f"{origin}: perf_table: {e}") from None
         elif isinstance(current, str):
             changes[key] = str(value)
-        elif (
-            isinstance(current, int) and not isinstance(current, bool) and key == "devices_per_host"
-        ):
-            if not isinstance(value, int) or value < 1:
-                raise TargetError(f"{origin}: devices_per_host must be a positive integer")
+        elif isinstance(current, bool):
+            if not isinstance(value, bool):
+                raise TargetError(f"{origin}: {key} must be true or false, not {value!r}")
+            changes[key] = value
+        elif isinstance(current, int):  # a count: devices per host, SMs, channels
+            least = 1 if key in ("devices_per_host", "sm_count") else 0
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise TargetError(f"{origin}: {key} must be an integer of at least {least}")
             changes[key] = value
         elif key.endswith(("_efficiency", "_fraction")):  # a share of a peak: divides
             if not _is_number(value) or not 0 < value <= 1:

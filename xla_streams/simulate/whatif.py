@@ -1,5 +1,6 @@
 """The what-if sweep: a module simulated for every stream count and policy, with the two
-bounds, and why a larger stream count is predicted slower where it is."""
+bounds, each stream count's change split into queueing, bandwidth sharing and
+interference, and why a larger stream count is predicted slower where it is."""
 
 from __future__ import annotations
 
@@ -17,10 +18,31 @@ from xla_streams.simulate.timeline import COMPUTE_LANE, SimResult, lane_name
 from xla_streams.streams import AsyncPair, StreamAssignment, assign_streams
 
 
+@dataclass(frozen=True)
+class Change:
+    """How a K's predicted step time differs from one stream's (seconds), in three
+    parts that add up: ``queueing``, the change with neither bandwidth sharing nor
+    interference (collectives that no longer wait behind each other on one stream);
+    ``bandwidth_sharing``, what collectives that now run at once on the same links add;
+    ``interference``, what the compute beside more collectives in flight loses to them
+    (``interference.py``). Each part is the difference of two replays, K's less one
+    stream's, with the effects before it turned off."""
+
+    queueing: float
+    bandwidth_sharing: float
+    interference: float
+
+    @property
+    def total(self) -> float:
+        return self.queueing + self.bandwidth_sharing + self.interference
+
+
 @dataclass
 class WhatIf:
     """Predictions for every stream count and policy, and the two bounds.
 
+    ``changes`` split each (K, policy)'s change over one stream (:class:`Change`);
+    ``interference`` is what collectives in flight take from one stream's step.
     ``explanations`` say, for each (K, policy) predicted slower than the next
     smaller K under the same policy, why, naming the pairs that cause it.
     """
@@ -37,6 +59,8 @@ class WhatIf:
     pairs: tuple[AsyncPair, ...]
     specs: list[CollectiveSpec]
     notes: list[str]
+    changes: dict[tuple[int, str], Change] = field(default_factory=dict)
+    interference: float = 0.0
     explanations: dict[tuple[int, str], str] = field(default_factory=dict)
 
     def result(self, streams: int, policy: str) -> SimResult:
@@ -85,10 +109,19 @@ def what_if(
             assignment = assign_streams(simulator.pairs, k, policy)
             assignments[(k, policy)] = assignment
             results[(k, policy)] = simulator.run(assignment)
+    say("splitting each K's change into queueing, bandwidth sharing and interference")
+    ends = {key: _ends(simulator, a, results[key]) for key, a in assignments.items()}
+    full, calm, free = ends[(streams[0], policies[0])]
+    changes = {
+        key: Change(f - free, (c - calm) - (f - free), (r - full) - (c - calm))
+        for key, (r, c, f) in ends.items()
+    }
     say("simulating the bounds")
     lower = simulator.bound(respect_rule=False)
     rule = simulator.bound(respect_rule=True)
-    explanations = _explain_non_monotone(simulator, streams, policies, results, assignments)
+    explanations = _explain_non_monotone(
+        simulator, streams, policies, results, assignments, changes
+    )
     return WhatIf(
         module=module.name,
         target=target,
@@ -102,8 +135,20 @@ def what_if(
         pairs=simulator.pairs,
         specs=simulator.specs,
         notes=list(simulator.notes),
+        changes=changes,
+        interference=full - calm,
         explanations=explanations,
     )
+
+
+def _ends(
+    simulator: Simulator, assignment: StreamAssignment, result: SimResult
+) -> tuple[float, float, float]:
+    """The step time of ``assignment`` as modelled, without interference, and without
+    interference or bandwidth sharing."""
+    calm = simulator.run(assignment, interference=False)
+    free = simulator.run(assignment, interference=False, share_bandwidth=False)
+    return result.step_time, calm.step_time, free.step_time
 
 
 # Relative slack before a larger K counts as slower than a smaller one.
@@ -120,9 +165,11 @@ def _explain_non_monotone(
     policies: tuple[Policy, ...],
     results: dict[tuple[int, str], SimResult],
     assignments: dict[tuple[int, str], StreamAssignment],
+    changes: dict[tuple[int, str], Change],
 ) -> dict[tuple[int, str], str]:
-    """For each K predicted slower than the K before it: replays without bandwidth
-    sharing tell the two possible causes apart, and recorded replays name the pairs."""
+    """For each K predicted slower than the K before it: the split of the change
+    (``Change``) and replays without bandwidth sharing tell the three possible causes
+    apart, and recorded replays name the pairs."""
     out: dict[tuple[int, str], str] = {}
     timelines: dict[tuple[tuple[str, int | None], ...], SimResult] = {}
     for policy in policies:
@@ -140,7 +187,15 @@ def _explain_non_monotone(
                 f"{policy}: K={k} ({slow.step_time * 1e3:.4f} ms) is predicted slower than "
                 f"K={smaller} ({fast.step_time * 1e3:.4f} ms): "
             )
-            if unshared_slow.step_time <= unshared_fast.step_time * (1 + MONOTONE_TOLERANCE):
+            worse = changes[(k, policy)].interference - changes[(smaller, policy)].interference
+            others = (slow.step_time - fast.step_time) - worse
+            if worse > others:
+                cause = (
+                    "compute beside the collectives that now run at the same time loses more "
+                    "SMs and HBM bandwidth to their NCCL kernels (interference "
+                    f"{worse * 1e3:+.4f} ms against K={smaller}, the rest {others * 1e3:+.4f} ms)"
+                )
+            elif unshared_slow.step_time <= unshared_fast.step_time * (1 + MONOTONE_TOLERANCE):
                 cause = (
                     "collectives that now run at the same time share link bandwidth, so "
                     "the one the compute stream waits for first finishes later than it would "
