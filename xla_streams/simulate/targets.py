@@ -224,6 +224,10 @@ class Target:
     perf_table_key: str | None = None
     # A user's own table (load_perf_table); None: the one vendored from XLA.
     perf_table: PerfTable | None = None
+    # What in-flight collectives take from compute, in the expected value (False: off, as
+    # tune's share of a gain that interference takes back needs); the overlap-sim branch
+    # gives it its meaning.
+    interference: bool = True
 
     @property
     def description(self) -> str:
