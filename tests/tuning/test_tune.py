@@ -311,6 +311,15 @@ def test_search_keeps_the_defaults_below_the_margin() -> None:
     assert result.best == result.baseline and result.speedup == 1.0
     assert any("below the 1% margin" in r for r in result.reasons), result.reasons
     assert result.command == "python train.py"
+    # Said as such, with the pick and its numbers beside XLA's defaults.
+    assert result.decision == "no_reliable_gain"
+    assert result.verdict.startswith("no reliable gain: keep XLA's defaults (")
+    assert result.pick is not None and result.pick.settings == kept
+    assert result.pick.predicted_step_ms == steps[kept]
+    table = result.table()
+    assert "recommended: XLA's defaults, one stream" in table
+    assert f"best found: {kept}, K=1 interval: {steps[kept]:.3f} ms predicted" in table
+    assert f"{kept}  <- best found: no reliable gain" in table
     # Deterministic: the same inputs give the same result.
     again = _tune_fixtures(_FixtureCompiler())
 
