@@ -5,6 +5,7 @@ entry that is not one is a miss. No compile.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from pathlib import Path
@@ -31,10 +32,11 @@ def _result() -> TuneResult:
     """A result with every field the file holds set, to values the file keeps exactly."""
     xla = XlaOpinion(9.5, 9.25, 1.5, placeholders=("fusion-start.1",), unpriced=("ag-start",))
     base = Configuration({}, 1, "interval", 10.0, 1000, 2.0, step_low_ms=9.0, step_high_ms=12.5,
-                         xla=xla)  # fmt: skip
+                         xla=xla, step_without_interference_ms=9.5)  # fmt: skip
     best = Configuration({LIMIT: 2, PAG: xo.PIPELINING_ON}, 2, "round-robin", 8.0, 1100, 0.5,
                          step_low_ms=7.25, step_high_ms=11.0,
-                         xla=XlaOpinion(8.5, 8.25, 0.75))  # fmt: skip
+                         xla=XlaOpinion(8.5, 8.25, 0.75),
+                         step_without_interference_ms=7.0)  # fmt: skip
     candidates = (
         Configuration(dict(best.xla_flags), 2, "round-robin", 8.0, 1100, 0.5, compile_s=1.5,
                       by_streams={1: 9.0, 2: 8.0}, step_low_ms=7.25, step_high_ms=11.0),
@@ -49,6 +51,7 @@ def _result() -> TuneResult:
         evaluated=4, guarantee="no change of one lever", topology="2x1x8",
         dropped=(Dropped({LIMIT: 4, PAG: xo.PIPELINING_ON}, "read", "HloError: <tune>:3:1: x"),),
         budget_compiles=40, stopped_by="budget_s", second_opinion="agrees: 1.121x by XLA",
+        decision="recommended", pick=best,
     )  # fmt: skip
 
 
@@ -63,6 +66,33 @@ def test_a_tune_result_reads_back_as_written(tmp_path: Path) -> None:
     assert load_tune_result(path).json_text() == result.json_text()
 
 
+def test_the_share_of_the_gain_interference_takes_back() -> None:
+    result = _result()
+    # 2.5 ms a step saved without interference (9.5 - 7.0), 2 ms with it: it takes 20%.
+    assert result.interference_share == pytest.approx(0.2)
+    assert result.to_json()["interference_share"] == 0.2
+    assert "interference: takes back 20.0% of the pick's predicted gain" in result.table()
+    no_gain = dataclasses.replace(
+        result, pick=dataclasses.replace(result.best, step_without_interference_ms=9.5)
+    )
+    assert no_gain.interference_share is None  # nothing to take back without it
+    assert "interference:" not in no_gain.table()
+
+
+def test_a_tune_result_written_before_the_decision_reads_with_its_defaults() -> None:
+    """Files of the same schema written before tune recorded its decision, its pick and
+    the steps without interference (tests/data/tune_*.json once were) still read."""
+    data = _result().to_json()
+    for key in ("decision", "pick", "interference_share"):
+        del data[key]
+    for c in (data["baseline"], data["best"]):
+        del c["predicted_step_ms_without_interference"]
+    old = TuneResult.from_json(_json.Value(data, "tune.json", "", TuneError))
+    assert (old.decision, old.pick, old.interference_share) == ("", None, None)
+    assert old.best.step_without_interference_ms is None
+    assert old.best.xla_flags == _result().best.xla_flags
+
+
 def test_a_tune_result_field_of_the_wrong_type_is_named() -> None:
     data = _result().to_json()
     data["candidates"][0]["step_ms_by_streams"] = {"two": 8.0}
@@ -72,6 +102,10 @@ def test_a_tune_result_field_of_the_wrong_type_is_named() -> None:
     data = _result().to_json()
     data["notes"] = ["n", 3]
     with pytest.raises(TuneError, match=r"^tune.json: notes\[1\]: expected a string"):
+        TuneResult.from_json(_json.Value(data, "tune.json", "", TuneError))
+    data = _result().to_json()
+    data["decision"] = "maybe"
+    with pytest.raises(TuneError, match=r"^tune.json: decision: expected one of"):
         TuneResult.from_json(_json.Value(data, "tune.json", "", TuneError))
 
 

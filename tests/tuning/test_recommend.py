@@ -1,11 +1,12 @@
 """What the tuner predicts and when it recommends: each candidate's range, the rule that
-a recommendation beats XLA's defaults at both ends of it, XLA's own multi-streaming on
+a recommendation's gain over XLA's defaults clears the margin at both ends of it, XLA's own multi-streaming on
 the streams XLA gives it, a performance table and a PGLE profile, and what it says about
 XLA_FLAGS. On the repository's fixture modules with a stand-in compiler (no JAX compile).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -20,12 +21,12 @@ from conftest import CompiledStandIn
 from xla_streams import xla_options as xo
 from xla_streams.collectives import StreamModel
 from xla_streams.hlo import parse_module
-from xla_streams.simulate import PredictionRange, Simulator, get_target, xla_stream_assignment
+from xla_streams.simulate import Simulator, get_target, xla_stream_assignment
 from xla_streams.simulate.measured import DEFAULT_TABLE_PATH
-from xla_streams.streams import find_async_pairs
+from xla_streams.streams import assign_streams, find_async_pairs
 from xla_streams.tuning import evaluation, recommendation
 from xla_streams.tuning.driver import tune_lowered
-from xla_streams.tuning.result import TuneError, TuneResult
+from xla_streams.tuning.result import Configuration, TuneError, TuneResult
 
 FIXTURES = Path(__file__).resolve().parents[2] / "hlo_fixtures"
 LIMIT = xo.OVERLAP_LIMIT
@@ -60,34 +61,79 @@ def test_every_candidate_carries_its_range_in_the_table_and_the_file() -> None:
     assert f"{base.step_low_ms:.3f}-{base.step_high_ms:.3f}" in table
 
 
-def _candidate(step: float, low: float, high: float, flags: dict[str, object]) -> Any:
-    spread = PredictionRange(low, step, high, 0.0, 0.0, 0.0)
-    return SimpleNamespace(step=step, flags=flags, range=lambda key=None: spread)
+def test_the_pick_and_the_defaults_are_also_predicted_without_interference() -> None:
+    """For the share of the pick's gain that interference takes back: both re-simulated
+    on the streams they were predicted on, the simulator's interference term off."""
+    result = _tune()
+    assert result.pick is not None
+    quiet = dataclasses.replace(get_target("h100"), interference=False)
+    for c in (result.baseline, result.pick):
+        limit = int(str(c.xla_flags.get(LIMIT, 1)))
+        text = _Fixtures().compile({LIMIT: limit}).as_text()
+        module = parse_module(text)
+        pairs = tuple(find_async_pairs(module, StreamModel(limit, True)))
+        step = Simulator(module, quiet, pairs).run(assign_streams(pairs, c.streams, c.policy))
+        assert c.step_without_interference_ms == pytest.approx(step.step_time * 1e3)
+    assert all(c.step_without_interference_ms is None for c in result.candidates)
+
+
+def _configuration(step: float, low: float, high: float, flags: dict[str, object]) -> Configuration:
+    return Configuration(flags, 1, "interval", step, 1 << 30, step_low_ms=low, step_high_ms=high)
 
 
 @pytest.mark.parametrize(
     ("candidate", "why"),
     [
-        # Faster as modelled and at both ends: recommended.
+        # Faster by 1% or more as modelled and at both ends: a reliable gain.
         ((9.0, 8.0, 11.0), None),
         # Faster as modelled, but slower than the defaults on the pessimistic machine
-        # (more overlap, more interference): not recommended.
-        ((9.0, 8.0, 12.5), "not faster at the pessimistic end of the range"),
-        ((9.0, 9.5, 11.0), "not faster at the optimistic end of the range"),
-        # Within the 1% margin as modelled: not recommended, whatever the ends say.
+        # (more overlap, more interference): no reliable gain.
+        ((9.0, 8.0, 12.5), "0.960x at the pessimistic end of the range"),
+        ((9.0, 9.5, 11.0), "0.947x at the optimistic end of the range"),
+        # Faster at both ends, but by less than the 1% margin at one: its gain lies
+        # inside the model's uncertainty.
+        ((9.0, 8.0, 11.95), "1.004x at the pessimistic end of the range"),
+        ((9.0, 8.95, 11.0), "1.006x at the optimistic end of the range"),
+        # Within the 1% margin as modelled: no reliable gain, whatever the ends say.
         ((9.95, 8.0, 11.0), "below the 1% margin"),
     ],
 )
-def test_a_recommendation_beats_the_defaults_at_both_ends(
+def test_a_gain_is_reliable_only_beyond_the_margin_at_every_end_of_the_range(
     candidate: tuple[float, float, float], why: str | None
 ) -> None:
-    base = _candidate(10.0, 9.0, 12.0, {})
-    found = _candidate(*candidate, {LIMIT: 2})
-    reason = recommendation._beats(found, base)
+    base = _configuration(10.0, 9.0, 12.0, {})
+    pick = _configuration(*candidate, {LIMIT: 2})
+    reason = recommendation._unreliable(pick, base)
     if why is None:
         assert reason is None
     else:
-        assert reason is not None and why in reason and "overlap-limit=2" in reason
+        assert reason is not None and why in reason and "overlap-limit=2" in reason, reason
+
+
+def test_a_lever_the_model_prices_as_no_gain_is_left_out_of_the_pick() -> None:
+    """The search keeps a lever that gains less than its 0.5% step; the pick leaves out
+    every lever whose return to XLA's default is predicted no slower."""
+    early = xo.START_AS_EARLY_AS_POSSIBLE
+
+    def evaluation(index: int, flags: dict[str, object], step_s: float, module: str) -> Any:
+        return SimpleNamespace(index=index, flags=flags, step=step_s, fits=True, fingerprint=module)
+
+    base = evaluation(0, {}, 10e-3, "a")
+    found = evaluation(1, {LIMIT: 2, early: True}, 9e-3, "b")
+    alone = evaluation(2, {LIMIT: 2}, 8.99e-3, "c")  # start-early priced as a loss
+    slower = evaluation(3, {early: True}, 9.5e-3, "d")
+    evaluations = [base, found, alone, slower]
+    assert recommendation._leanest(found, evaluations) is alone
+    assert recommendation._left_out(found, alone) == (
+        "left out start-early=on: the model prices it as no gain (the search's result is "
+        "9.000 ms with it, 8.990 ms without)"
+    )
+    # Priced a gain, however small: kept.
+    alone.step = 9.01e-3
+    assert recommendation._leanest(found, evaluations) is found
+    # One that does not fit is never the pick.
+    alone.step, alone.fits = 8.99e-3, False
+    assert recommendation._leanest(found, evaluations) is found
 
 
 def test_xla_multi_streaming_is_predicted_on_the_streams_xla_gives() -> None:

@@ -37,6 +37,7 @@ from xla_streams.tuning.result import (
     XlaOpinion,
     command_line,
     load_tune_result,
+    paired_steps,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -311,6 +312,15 @@ def test_search_keeps_the_defaults_below_the_margin() -> None:
     assert result.best == result.baseline and result.speedup == 1.0
     assert any("below the 1% margin" in r for r in result.reasons), result.reasons
     assert result.command == "python train.py"
+    # Said as such, with the pick and its numbers beside XLA's defaults.
+    assert result.decision == "no_reliable_gain"
+    assert result.verdict.startswith("no reliable gain: keep XLA's defaults (")
+    assert result.pick is not None and result.pick.settings == kept
+    assert result.pick.predicted_step_ms == steps[kept]
+    table = result.table()
+    assert "recommended: XLA's defaults, one stream" in table
+    assert f"best found: {kept}, K=1 interval: {steps[kept]:.3f} ms predicted" in table
+    assert f"{kept}  <- best found: no reliable gain" in table
     # Deterministic: the same inputs give the same result.
     again = _tune_fixtures(_FixtureCompiler())
 
@@ -492,6 +502,43 @@ def test_tune_keeps_the_defaults_for_a_dependency_chain() -> None:
     assert all(c.predicted_step_ms >= r.baseline.predicted_step_ms * 0.99 for c in r.candidates)
     assert any("dependency chain" in reason for reason in r.reasons), r.reasons
     assert "nothing beats them" in r.table() and "dependency chain" in r.table()
+
+
+@pytest.mark.slow
+def test_tune_recommends_no_lever_the_model_prices_as_a_loss_on_a_compute_bound_program() -> None:
+    """compute_bound_fsdp is 90% compute-busy with most of its collectives hidden, the
+    shape of a public A/B sweep where every overlap lever measured neutral or harmful:
+    tune keeps XLA's defaults or recommends a gain beyond the model's uncertainty, and no
+    lever of its pick is one the model prices as a loss (with it back at XLA's default
+    the step is predicted slower). Both hold by the recommendation's rule, whatever the
+    simulator's costs (its interference term included) make of the levers."""
+    needs_gpu_aot()
+    from xla_streams import programs
+
+    r = xla_streams.tune(
+        programs.compute_bound_fsdp,
+        devices=8,
+        levers=["overlap-limit", "start-early"],
+        streams=(1, 2),
+        budget_compiles=6,
+    )
+    base = r.baseline
+    assert "that is every configuration of these levers" in r.guarantee
+    # Compute-bound on XLA's default compile, as its docstring says.
+    assert (base.exposed_communication_ms or 0.0) < 0.15 * base.predicted_step_ms
+    steps = {describe(c.xla_flags): c.predicted_step_ms for c in r.candidates}
+    if r.decision == "recommended":
+        assert r.pick == r.best
+        for end, mine, theirs in paired_steps(base, r.best):
+            assert mine < theirs * (1 - recommendation.MIN_SPEEDUP), end
+    else:
+        assert r.decision in ("no_reliable_gain", "no_gain"), r.decision
+        assert (r.best.xla_flags, r.best.streams) == ({}, 1) and r.command == "python train.py"
+        assert ("best found:" in r.table()) == (r.pick is not None)
+    for chosen in (c for c in (r.best, r.pick) if c is not None):
+        for name in chosen.xla_flags:
+            without = {k: v for k, v in chosen.xla_flags.items() if k != name}
+            assert steps[describe(without)] > chosen.predicted_step_ms, name
 
 
 @pytest.mark.slow

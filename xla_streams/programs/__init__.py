@@ -16,6 +16,7 @@ from typing import Any
 
 from xla_streams.programs.builders import Built
 from xla_streams.programs.embedded import (
+    compute_bound_fsdp,
     fsdp_chain,
     fsdp_scan,
     fsdp_tp_mlp_scan,
@@ -71,6 +72,7 @@ PROGRAMS: dict[str, Program] = {
         _program(fsdp_tp_remat_unrolled, num_devices=32),
         _program(fsdp_tp_mlp_scan, num_devices=16),
         _program(fsdp_chain),
+        _program(compute_bound_fsdp),
         _program(llama2_7b_fsdp),
     )
 }

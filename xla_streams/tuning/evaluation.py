@@ -4,6 +4,7 @@ compares (docs/tune.md, "The recommendation" and "Memory")."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -22,7 +23,13 @@ from xla_streams.simulate import (
     what_if,
     xla_stream_assignment,
 )
-from xla_streams.streams import AsyncPair, assign_streams, find_async_pairs, max_in_flight
+from xla_streams.streams import (
+    AsyncPair,
+    StreamAssignment,
+    assign_streams,
+    find_async_pairs,
+    max_in_flight,
+)
 from xla_streams.tuning.levers import CollectiveCensus, Flags, overlap_limit
 from xla_streams.tuning.result import Configuration, XlaOpinion, first_line
 
@@ -69,6 +76,14 @@ class CandidatePrediction:
     what: WhatIf | None
     module: Module
     pairs: tuple[AsyncPair, ...]
+
+    def assignment(self, key: Key) -> StreamAssignment:
+        """The streams the prediction of ``key`` ran on: the what-if's, or for XLA's
+        multi-streaming (no what-if) the streams XLA gives each collective."""
+        if self.what is None:
+            return xla_stream_assignment(self.module, self.pairs, multi_streaming=True)
+        found = {(k, str(p)): a for (k, p), a in self.what.assignments.items()}
+        return found.get(key) or assign_streams(self.pairs, key[0], key[1])  # type: ignore[arg-type]
 
 
 def best_key(results: Predictions) -> Key:
@@ -119,34 +134,51 @@ def _simulate(
     profile: Profile | None,
 ) -> CandidatePrediction:
     limit = overlap_limit(flags)
-    measured = profile.for_module(module) if profile is not None else None
-    simulator = Simulator(module, target, pairs, measured=measured)
+    simulator = _simulator(module, pairs, target, profile)
     results: Predictions = {}
-    ranges: dict[Key, PredictionRange] = {}
     one = (1, DEFAULT_POLICY)
+    what: WhatIf | None = None
     if flags.get(xo.MULTI_STREAMING):
         # XLA runs async collectives on its two streams in turn; the plugin stays off.
         assignment = xla_stream_assignment(module, pairs, multi_streaming=True)
         r = simulator.run(assignment)
         results[one] = (r.step_time, r.exposed_communication)
-        ranges[one] = predict_range(simulator, assignment)
-        return CandidatePrediction(results, ranges, None, module, pairs)
-    in_flight = max_in_flight([p for p in pairs if p.needs_stream])
-    # More than one stream only where the candidate sets the overlap limit itself: with
-    # K > 1 and no limit in XLA_FLAGS the plugin would raise it to K, a different compile.
-    if xo.OVERLAP_LIMIT in flags and limit > 1 and in_flight >= 2:
-        ks, policies = tuple(sorted(set(streams) | {1})), POLICIES
     else:
-        ks, policies = (1,), (DEFAULT_POLICY,)
-    what = what_if(module, target, ks, policies, simulator=simulator)
-    for key, r in what.results.items():
-        results[(key[0], str(key[1]))] = (r.step_time, r.exposed_communication)
-    best = best_key(results)
-    for key in dict.fromkeys((best, one)):
-        found = {(k, str(p)): a for (k, p), a in what.assignments.items()}
-        assignment = found.get(key) or assign_streams(pairs, key[0], key[1])  # type: ignore[arg-type]
-        ranges[key] = predict_range(simulator, assignment)
-    return CandidatePrediction(results, ranges, what, module, pairs)
+        in_flight = max_in_flight([p for p in pairs if p.needs_stream])
+        # More than one stream only where the candidate sets the overlap limit itself:
+        # with K > 1 and no limit in XLA_FLAGS the plugin would raise it to K, a
+        # different compile.
+        if xo.OVERLAP_LIMIT in flags and limit > 1 and in_flight >= 2:
+            ks, policies = tuple(sorted(set(streams) | {1})), POLICIES
+        else:
+            ks, policies = (1,), (DEFAULT_POLICY,)
+        what = what_if(module, target, ks, policies, simulator=simulator)
+        for key, r in what.results.items():
+            results[(key[0], str(key[1]))] = (r.step_time, r.exposed_communication)
+    predicted = CandidatePrediction(results, {}, what, module, pairs)
+    ranges = {
+        key: predict_range(simulator, predicted.assignment(key))
+        for key in dict.fromkeys((best_key(results), one))
+    }
+    return dataclasses.replace(predicted, ranges=ranges)
+
+
+def _simulator(
+    module: Module, pairs: tuple[AsyncPair, ...], target: Target, profile: Profile | None
+) -> Simulator:
+    measured = profile.for_module(module) if profile is not None else None
+    return Simulator(module, target, pairs, measured=measured)
+
+
+def step_without_interference(
+    prediction: CandidatePrediction, key: Key, target: Target, profile: Profile | None
+) -> float:
+    """The step (seconds) of ``prediction``'s ``key`` re-simulated with the simulator's
+    interference term off (``Target.interference``): what the gain would be if
+    collectives in flight took nothing from compute."""
+    quiet = dataclasses.replace(target, interference=False)
+    simulator = _simulator(prediction.module, prediction.pairs, quiet, profile)
+    return simulator.run(prediction.assignment(key)).step_time
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """A second opinion on every pick: XLA's own estimate of the same compiled module beside
-the simulator's, and one line on the recommendation.
+the simulator's, and one line on the pick.
 
 Every candidate is compiled with XLA's latency-hiding schedule dumped
 (:func:`~xla_streams.tuning.compiling.schedule_dump`): the estimate of the cost model
@@ -8,9 +8,9 @@ XLA schedules with (in jax 0.12 its speed-of-light estimator), read by
 its placeholders (the async pairs it cannot price and charges a flat 5 ms: async
 fusions, collectives whose communication it cannot tell), which are named instead.
 
-:func:`second_opinion` says, in one line, whether XLA's estimate favours the
-recommendation: it agrees when XLA's speedup lies within the range of ours (the
-simulator's pairwise ends, :func:`speedup_range`). Otherwise the line names the
+:func:`second_opinion` says, in one line, whether XLA's estimate favours the pick
+(recommended or not): it agrees when XLA's speedup lies within the range of ours
+(the simulator's pairwise ends, :func:`speedup_range`). Otherwise the line names the
 lever responsible (the one whose return to XLA's default XLA estimates fastest, or,
 where XLA favours the pick more than ours, slowest: the neighbour check compiled
 each) and where the two models' inputs differ: the part of
@@ -43,7 +43,7 @@ from xla_streams.hlo import Module
 from xla_streams.simulate import CostModel, Target
 from xla_streams.streams import AsyncPair
 from xla_streams.tuning.levers import Lever, format_bytes
-from xla_streams.tuning.result import Configuration, xla_speedup
+from xla_streams.tuning.result import Configuration, paired_steps, xla_speedup
 
 # XLA's flat price of an async pair it cannot price (kHighLatency, latency_hiding_scheduler.h).
 PLACEHOLDER_MS = 5.0
@@ -64,11 +64,7 @@ def speedup_range(base: Configuration, best: Configuration) -> tuple[float, floa
     """The range of the simulator's speedup of ``best`` over ``base``: at the optimistic
     and at the pessimistic ends of both ranges (the errors are the hardware's and move
     both alike), and as modelled."""
-    found = [base.predicted_step_ms / best.predicted_step_ms]
-    base_low, base_high = base.step_low_ms, base.step_high_ms
-    low, high = best.step_low_ms, best.step_high_ms
-    if base_low and low and base_high and high:
-        found += [base_low / low, base_high / high]
+    found = [theirs / mine for _, mine, theirs in paired_steps(base, best)]
     return min(found), max(found)
 
 
@@ -80,7 +76,7 @@ def second_opinion(
     target: Target,
     devices_per_host: int,
 ) -> str:
-    """One line: what XLA's own estimate says of the recommendation ``best`` against
+    """One line: what XLA's own estimate says of the pick ``best`` against
     XLA's defaults ``base`` (see the module docstring); ``candidates`` are every
     configuration compiled, ``levers`` those searched."""
     b, c = base.configuration, best.configuration
@@ -152,7 +148,7 @@ def _lever(
     if step < best.xla.priced_step_ms:
         return f"the lever: {name} (at XLA's default, XLA estimates {step:.3f} ms)"
     return (
-        "no one lever: XLA estimates the recommendation slower still with any one of its "
+        "no one lever: XLA estimates the pick slower still with any one of its "
         "levers back at XLA's default"
     )
 

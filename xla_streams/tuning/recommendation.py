@@ -1,16 +1,19 @@
-"""The recommendation: the search's result when it beats XLA's defaults by
-``MIN_SPEEDUP`` as modelled and at each end of the range, else XLA's defaults with the
-reasons (docs/tune.md, "The recommendation"), and the ``TuneResult`` that says so."""
+"""The recommendation: the search's pick (its result less the levers the model prices
+as no gain) when its gain over XLA's defaults is reliable, at least ``MIN_SPEEDUP`` as
+modelled and at each end of the range; else XLA's defaults, with the reasons and the
+pick beside them (docs/tune.md, "The recommendation"); and the ``TuneResult`` that
+says so."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import Counter
 from collections.abc import Sequence
 
 from xla_streams import xla_options as xo
 from xla_streams.collectives import DEFAULT_POLICY
-from xla_streams.tuning.evaluation import Evaluation
+from xla_streams.tuning.evaluation import Evaluation, Key, step_without_interference
 from xla_streams.tuning.levers import Lever, describe, format_bytes
 from xla_streams.tuning.opinion import Candidate, placeholder_notes, second_opinion
 from xla_streams.tuning.result import (
@@ -18,6 +21,7 @@ from xla_streams.tuning.result import (
     Configuration,
     TuneResult,
     command_line,
+    paired_steps,
 )
 from xla_streams.tuning.search import SearchOutcome
 from xla_streams.tuning.session import Session
@@ -36,8 +40,8 @@ def recommend(
     topology: str = "",
 ) -> TuneResult:
     """The result of the search of ``session`` over ``levers`` that found ``outcome``:
-    its best, or XLA's defaults with the reasons nothing beats them (see the module
-    docstring), with XLA's own estimate beside it (:mod:`~xla_streams.tuning.opinion`),
+    its pick, or XLA's defaults with the reasons and the pick beside them (see the module
+    docstring), with XLA's own estimate of the pick (:mod:`~xla_streams.tuning.opinion`),
     for the program and topology of the session's options; ``skipped`` are the levers
     not searched and why, ``notes`` go into the result, ``topology`` is its shape."""
     options = session.options
@@ -70,34 +74,37 @@ def recommend(
             f"XLA's defaults need {format_bytes(base_ev.memory.peak)} per GPU, more than the "
             f"{format_bytes(session.memory_limit)} limit"
         )
-    recommended = base_ev
+    recommended, decision = base_ev, "no_gain"
     reasons: list[str] = []
+    pick_ev: Evaluation | None = None
+    pick: Configuration | None = None
     if chosen is not None and chosen is not base_ev:
-        why_not = _beats(chosen, base_ev)
-        if why_not is None or (not base_ev.fits and chosen.step <= base_ev.step):
-            recommended = chosen
+        pick_ev = _leanest(chosen, evaluations)
+        if pick_ev is not chosen:
+            notes.append(_left_out(chosen, pick_ev))
+        pick = _without_interference(session, pick_ev, pick_ev.best_key)
+        baseline = _without_interference(session, base_ev, one)
+        why_not = _unreliable(pick, baseline)
+        if why_not is None or (not base_ev.fits and pick_ev.step <= base_ev.step):
+            recommended, decision = pick_ev, "recommended"
         else:
+            decision = "no_reliable_gain"
             reasons.append(why_not)
     if recommended is base_ev:
         reasons += _why_not(session, chosen, baseline.predicted_step_ms / 1e3)
-    else:
-        recommended = _leanest(recommended, evaluations)
-        if recommended is not chosen:
-            assert chosen is not None
-            extra = {k: v for k, v in chosen.flags.items() if k not in recommended.flags}
-            notes.append(
-                f"left out {describe(extra)}: the search's result compiles to the same module "
-                "without it"
-            )
-    best = recommended.configuration(one) if recommended is base_ev else recommended.configuration()
+    best = baseline if recommended is base_ev else pick
+    assert best is not None
     speedup = baseline.predicted_step_ms / best.predicted_step_ms if best.predicted_step_ms else 1.0
-    if recommended is base_ev:
-        verdict = "nothing beats XLA's defaults: keep them" + (
-            f" ({reasons[0]})" if reasons else ""
-        )
-    else:
+    why = f" ({reasons[0]})" if reasons else ""
+    if decision == "recommended":
         verdict = f"{best.settings} with {best.streams} stream(s): {speedup:.3f}x predicted"
-    opinion = _second_opinion(session, base_ev, recommended, best, ranked, levers)
+    elif decision == "no_reliable_gain":
+        verdict = "no reliable gain: keep XLA's defaults" + why
+    else:
+        verdict = "nothing beats XLA's defaults: keep them" + why
+    # XLA's estimate of the pick, recommended or not; of its defaults without one.
+    judged = pick_ev or base_ev
+    opinion = _second_opinion(session, base_ev, judged, pick or baseline, ranked, levers)
     return TuneResult(
         program=options.program,
         target=options.target,
@@ -124,6 +131,8 @@ def recommend(
         budget_compiles=options.budget_compiles,
         stopped_by=outcome.stopped_by,
         second_opinion=opinion,
+        decision=decision,
+        pick=pick,
         script=options.script,
         best_hlo=recommended.text,
     )
@@ -155,40 +164,55 @@ def _second_opinion(
 
 
 def _leanest(found: Evaluation, evaluations: Sequence[Evaluation]) -> Evaluation:
-    """``found``, or the evaluation with the fewest of its options that compiled to the
-    same module with the same predictions (a lever that changes nothing is left out)."""
-    same = [
+    """``found``, or the evaluation with the fewest of its options that fits and is
+    predicted no slower: a lever the model prices as no gain, or as a loss, is left out
+    (one that changes nothing, the compiled module the same, among them)."""
+    leaner = [
         e
         for e in evaluations
-        if e.fingerprint == found.fingerprint
-        and e.results == found.results
-        and e.fits
-        and e.flags.items() <= found.flags.items()
+        if e.fits and e.flags.items() <= found.flags.items() and e.step <= found.step
     ]
-    return min(same, key=lambda e: (len(e.flags), e.index), default=found)
+    return min(leaner, key=lambda e: (len(e.flags), e.step, e.index), default=found)
 
 
-def _beats(chosen: Evaluation, base: Evaluation) -> str | None:
-    """None when ``chosen`` beats ``base`` (the rule: the module docstring), else why not."""
-    step, base_step = chosen.step, base.step
-    if not step < base_step * (1 - MIN_SPEEDUP):
-        return (
-            f"the best configuration found ({describe(chosen.flags)}) is only "
-            f"{base_step / step:.4f}x, below the {MIN_SPEEDUP:.0%} margin"
-        )
-    mine, theirs = chosen.range(), base.range((1, DEFAULT_POLICY))
-    if mine is None or theirs is None:
-        return None
-    for end, a, b in (
-        ("pessimistic", mine.high, theirs.high),
-        ("optimistic", mine.low, theirs.low),
-    ):
-        if not a < b:
+def _left_out(found: Evaluation, lean: Evaluation) -> str:
+    """The note on the options of the search's result that the pick leaves out."""
+    extra = describe({k: v for k, v in found.flags.items() if k not in lean.flags})
+    if lean.fingerprint == found.fingerprint:
+        return f"left out {extra}: the search's result compiles to the same module without it"
+    return (
+        f"left out {extra}: the model prices it as no gain (the search's result is "
+        f"{found.step * 1e3:.3f} ms with it, {lean.step * 1e3:.3f} ms without)"
+    )
+
+
+def _without_interference(session: Session, e: Evaluation, key: Key) -> Configuration:
+    """``e``'s configuration at ``key`` with its step as modelled without interference."""
+    configuration = e.configuration(key)
+    if e.prediction is None:
+        return configuration
+    quiet = step_without_interference(e.prediction, key, session.target, session.profile)
+    return dataclasses.replace(configuration, step_without_interference_ms=quiet * 1e3)
+
+
+def _unreliable(pick: Configuration, base: Configuration) -> str | None:
+    """None when ``pick``'s gain over ``base`` is reliable, else why not: it must save at
+    least ``MIN_SPEEDUP`` of their step as modelled and at each end of the range, both
+    priced at that end (docs/tune.md, "The recommendation")."""
+    ours = base.predicted_step_ms / pick.predicted_step_ms
+    for end, mine, theirs in paired_steps(base, pick):
+        if mine < theirs * (1 - MIN_SPEEDUP):
+            continue
+        if end == "expected":
             return (
-                f"the best configuration found ({describe(chosen.flags)}) is "
-                f"{base_step / step:.3f}x as modelled but not faster at the {end} end of the "
-                f"range ({a * 1e3:.3f} ms against the defaults' {b * 1e3:.3f} ms)"
+                f"the best configuration found ({pick.settings}) is only {ours:.4f}x, below "
+                f"the {MIN_SPEEDUP:.0%} margin"
             )
+        return (
+            f"the best configuration found ({pick.settings}) is {ours:.3f}x as modelled but "
+            f"{theirs / mine:.3f}x at the {end} end of the range ({mine:.3f} ms against the "
+            f"defaults' {theirs:.3f} ms), inside the {MIN_SPEEDUP:.0%} margin"
+        )
     return None
 
 

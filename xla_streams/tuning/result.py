@@ -36,6 +36,10 @@ DEFAULT_BUDGET_COMPILES = 200
 DEFAULT_BUDGET_S = 3600.0
 # What can end a search early (TuneResult.stopped_by; "" for nothing).
 STOPPED_BY = ("", "budget_compiles", "budget_s")
+# What tune decided (TuneResult.decision; "" in a file written before it was recorded):
+# the pick is recommended; its gain lies inside the model's uncertainty, so XLA's
+# defaults stay; or the search found nothing faster than them that fits.
+DECISIONS = ("", "recommended", "no_reliable_gain", "no_gain")
 # Why a candidate was dropped, in words: XLA refused or crashed on its options, this
 # package could not read or simulate its compiled module, or XLA gave no usable memory
 # figures for it.
@@ -130,6 +134,9 @@ class Configuration:
     step_low_ms: float | None = None
     step_high_ms: float | None = None
     xla: XlaOpinion | None = None  # XLA's own estimate of the same compiled module
+    # The step as modelled with the simulator's interference term off (what in-flight
+    # collectives take from compute): set on the baseline and the pick only.
+    step_without_interference_ms: float | None = None
 
     @property
     def settings(self) -> str:
@@ -152,6 +159,10 @@ class Configuration:
                 "expected": round(self.predicted_step_ms, 6),
                 "high": round(self.step_high_ms, 6),
             }
+        if self.step_without_interference_ms is not None:
+            out["predicted_step_ms_without_interference"] = round(
+                self.step_without_interference_ms, 6
+            )
         if self.xla is not None:
             out["xla_estimate"] = self.xla.to_json()
         if candidate:
@@ -191,7 +202,25 @@ class Configuration:
             step_low_ms=spread["low"].number() if spread is not None else None,
             step_high_ms=spread["high"].number() if spread is not None else None,
             xla=_optional(doc, "xla_estimate", XlaOpinion.from_json, None),
+            step_without_interference_ms=_optional(
+                doc, "predicted_step_ms_without_interference", _number, None
+            ),
         )
+
+
+def paired_steps(base: Configuration, c: Configuration) -> list[tuple[str, float, float]]:
+    """``(end, c's step, base's step)`` in ms at the optimistic end of both ranges, as
+    modelled, and at the pessimistic end (the ends where both ranges are known): each
+    pair priced with every input at the same end, on the same machine (the errors are
+    the hardware's and move both configurations alike)."""
+    out = [("expected", c.predicted_step_ms, base.predicted_step_ms)]
+    for end, mine, theirs in (
+        ("optimistic", c.step_low_ms, base.step_low_ms),
+        ("pessimistic", c.step_high_ms, base.step_high_ms),
+    ):
+        if mine and theirs:
+            out.append((end, mine, theirs))
+    return out
 
 
 def _xla_flags(flags: _json.Value) -> dict[str, object]:
@@ -277,8 +306,13 @@ class TuneResult:
     # What ended the search early: "budget_compiles", "budget_s" (the wall-time safety
     # limit: then the result depends on the machine's speed), or "" (nothing).
     stopped_by: str = ""
-    # XLA's own estimate on the recommendation, in one line (empty without one).
+    # XLA's own estimate on the pick (else on XLA's defaults), in one line (empty
+    # without one).
     second_opinion: str = ""
+    decision: str = ""  # one of DECISIONS
+    # The search's pick, recommended or not (None: nothing faster than XLA's defaults
+    # fits); ``best`` is what to run.
+    pick: Configuration | None = None
     # The recommendation's scheduled module (compiled.as_text()); not in the JSON.
     best_hlo: str = field(default="", repr=False, compare=False)
 
@@ -291,6 +325,21 @@ class TuneResult:
     @property
     def memory_limit_bytes(self) -> int:
         return int(self.hbm_bytes * (1.0 - self.headroom))
+
+    @property
+    def interference_share(self) -> float | None:
+        """The share of the pick's predicted gain (ms a step saved against XLA's defaults)
+        that interference takes back: 1 - saved / saved without it; negative where it
+        hurts the defaults more. None without a pick, or without a gain to take back."""
+        pick, base = self.pick, self.baseline
+        if pick is None or pick.step_without_interference_ms is None:
+            return None
+        if base.step_without_interference_ms is None:
+            return None
+        quiet = base.step_without_interference_ms - pick.step_without_interference_ms
+        if quiet <= 0:
+            return None
+        return 1.0 - (base.predicted_step_ms - pick.predicted_step_ms) / quiet
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -319,6 +368,9 @@ class TuneResult:
             "budget_compiles": self.budget_compiles,
             "stopped_by": self.stopped_by,
             "second_opinion": self.second_opinion,
+            "decision": self.decision,
+            "pick": self.pick.to_json() if self.pick is not None else None,
+            "interference_share": _rounded(self.interference_share),
             "elapsed_s": round(self.elapsed_s, 1),
             "budget_s": self.budget_s,
         }
@@ -357,6 +409,8 @@ class TuneResult:
             budget_compiles=_optional(doc, "budget_compiles", _count, DEFAULT_BUDGET_COMPILES),
             stopped_by=_optional(doc, "stopped_by", _stopped_by, ""),
             second_opinion=_optional(doc, "second_opinion", _json.Value.string, ""),
+            decision=_optional(doc, "decision", _decision, ""),
+            pick=_optional(doc, "pick", _configuration, None),
         )
 
     def json_text(self) -> str:
@@ -394,6 +448,11 @@ def xla_speedup(base: Configuration, c: Configuration) -> float | None:
 def _xla_speedup_words(base: Configuration, c: Configuration) -> str:
     found = xla_speedup(base, c)
     return "-" if found is None else f"{found:.3f}x"
+
+
+def _same(c: Configuration, other: Configuration | None) -> bool:
+    """Whether ``c`` is ``other``'s options and stream count."""
+    return other is not None and (c.xla_flags, c.streams) == (other.xla_flags, other.streams)
 
 
 def _range_words(c: Configuration) -> str:
@@ -442,6 +501,8 @@ def format_result(result: TuneResult) -> str:
             c.streams == result.best.streams or result.best is result.baseline
         ):
             mark += "  <- recommended"
+        elif result.decision == "no_reliable_gain" and _same(c, result.pick):
+            mark += "  <- best found: no reliable gain"
         rows.append(
             [
                 str(i),
@@ -465,10 +526,15 @@ def format_result(result: TuneResult) -> str:
     lines += aligned(rows, right={0, 1, 2, 3, 4, 5, 6, 7, 8, 10}, indent="  ")
     best = result.best
     delta = best.peak_memory_bytes - base.peak_memory_bytes
-    if result.best.xla_flags == base.xla_flags and best.streams == base.streams:
+    kept = best.xla_flags == base.xla_flags and best.streams == base.streams
+    if kept:
+        why = (
+            "no reliable gain: keep XLA's defaults"
+            if result.decision == "no_reliable_gain"
+            else "nothing beats them by the 1% margin"
+        )
         lines.append(
-            f"recommended: XLA's defaults, one stream ({base.predicted_step_ms:.3f} ms): "
-            "nothing beats them by the 1% margin"
+            f"recommended: XLA's defaults, one stream ({base.predicted_step_ms:.3f} ms): {why}"
         )
         lines += [f"  why: {r}" for r in result.reasons]
     else:
@@ -483,6 +549,24 @@ def format_result(result: TuneResult) -> str:
             f"{format_bytes(abs(delta))}, {delta / base.peak_memory_bytes:+.1%})"
             if base.peak_memory_bytes
             else f"memory: {format_bytes(best.peak_memory_bytes)} per GPU"
+        )
+    pick = result.pick
+    if pick is not None and kept:
+        lines.append(
+            f"best found: {pick.settings}, K={pick.streams} {pick.policy}: "
+            f"{pick.predicted_step_ms:.3f} ms predicted ({_range_words(pick)}) against "
+            f"{base.predicted_step_ms:.3f} ms ({_range_words(base)}), "
+            f"{base.predicted_step_ms / pick.predicted_step_ms:.3f}x"
+        )
+    share = result.interference_share
+    if pick is not None and share is not None:
+        assert pick.step_without_interference_ms and base.step_without_interference_ms
+        saved = base.predicted_step_ms - pick.predicted_step_ms
+        quiet = base.step_without_interference_ms - pick.step_without_interference_ms
+        lines.append(
+            f"interference: takes back {share:.1%} of the pick's predicted gain ({saved:.3f} ms "
+            f"a step saved as modelled, {quiet:.3f} ms if collectives in flight took nothing "
+            "from compute)"
         )
     if result.second_opinion:
         lines.append(f"XLA's estimate: {result.second_opinion}")
@@ -550,6 +634,18 @@ def _dropped(value: _json.Value) -> tuple[Dropped, ...]:
 
 def _stopped_by(value: _json.Value) -> str:
     return value.one_of(STOPPED_BY)
+
+
+def _decision(value: _json.Value) -> str:
+    return value.one_of(DECISIONS)
+
+
+def _configuration(value: _json.Value) -> Configuration | None:
+    return value.nullable(Configuration.from_json)
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def _short(text: str) -> str:
