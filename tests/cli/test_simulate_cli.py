@@ -118,7 +118,9 @@ def test_json_holds_every_prediction_and_follows_its_schema(tmp_path: Path) -> N
     assert (span["streams"], span["policy"]) == (1, "interval")
     assert span["step_ms"]["low"] < span["step_ms"]["expected"] < span["step_ms"]["high"]
     assert span["step_ms"]["expected"] == pytest.approx(report["step_ms"])
-    assert {"matmul", "nvlink", "table_large", "interference"} <= set(span["errors"])
+    assert {"matmul", "nvlink", "table_large", "clock_recovery", "collective_hbm"} <= set(
+        span["errors"]
+    )
     assert re.search(r"range of K=1 interval .*: step [0-9.]+ \.\. [0-9.]+ \.\. [0-9.]+ ms", text)
     low, high = span["step_ms"]["low"], span["step_ms"]["high"]
     assert f"step {low:.4f} .. " in text and f" .. {high:.4f} ms (low .. expected .. high)" in text

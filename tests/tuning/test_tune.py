@@ -476,6 +476,7 @@ def test_tune_finds_a_faster_configuration_that_fits(scan_result: TuneResult) ->
         r.best.peak_memory_bytes, round(r.best.exposed_communication_ms or 0, 6),
         step_low_ms=round(r.best.step_low_ms or 0, 6),
         step_high_ms=round(r.best.step_high_ms or 0, 6), xla=xla,
+        step_without_interference_ms=round(r.best.step_without_interference_ms or 0, 6),
     )  # fmt: skip
     # Its range: faster than the defaults at both ends (the recommendation rule).
     assert r.best.step_low_ms is not None and r.best.step_high_ms is not None
