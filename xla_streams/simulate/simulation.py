@@ -4,7 +4,7 @@ table in words."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from xla_streams._text import aligned
@@ -136,44 +136,41 @@ def format_what_if(
         + ", ".join(f"{n} on {where}" for where, n in places.items()),
         "predicted step time (exposed communication, speedup over K=1):",
     ]
-    header = ["K", *what.policies]
-    table = [header]
-    for k in what.streams:
-        row = [str(k)]
-        for p in what.policies:
-            r = what.results[(k, p)]
-            row.append(
-                f"{r.step_time * 1e3:.4f} ms ({r.exposed_communication * 1e3:.4f} ms, "
-                f"{_ratio(base, r.step_time)})"
-            )
-        table.append(row)
-    lines.extend(aligned(table, indent="  "))
-    busy = [header]
-    for k in what.streams:
-        row = [str(k)]
-        for p in what.policies:
-            lanes = what.results[(k, p)].lane_busy
-            row.append(" ".join(f"{lanes.get(s, 0.0) * 1e3:.3f}" for s in range(k)))
-        busy.append(row)
+
+    def grid(streams: Sequence[int], cell: Callable[[int, str], str]) -> list[str]:
+        """One row per K, one column per policy."""
+        rows = [["K", *what.policies]]
+        rows += [[str(k), *(cell(k, p) for p in what.policies)] for k in streams]
+        return aligned(rows, indent="  ")
+
+    def step(k: int, p: str) -> str:
+        r = what.results[(k, p)]
+        return (
+            f"{r.step_time * 1e3:.4f} ms ({r.exposed_communication * 1e3:.4f} ms, "
+            f"{_ratio(base, r.step_time)})"
+        )
+
+    def busy(k: int, p: str) -> str:
+        lanes = what.results[(k, p)].lane_busy
+        return " ".join(f"{lanes.get(s, 0.0) * 1e3:.3f}" for s in range(k))
+
+    def change(k: int, p: str) -> str:
+        c = what.changes[(k, p)]
+        return (
+            f"{c.queueing * 1e3:+.4f} {c.bandwidth_sharing * 1e3:+.4f} "
+            f"{c.interference * 1e3:+.4f} = {c.total * 1e3:+.4f}"
+        )
+
+    lines.extend(grid(what.streams, step))
     lines.append("busy time of collective streams 0..K-1 (ms):")
-    lines.extend(aligned(busy, indent="  "))
+    lines.extend(grid(what.streams, busy))
     if len(what.streams) > 1:
         lines.append(
             f"change over K={what.baseline.streams} (ms): queueing + bandwidth sharing + "
             f"interference = total; interference adds {what.interference * 1e3:.4f} ms to "
             f"K={what.baseline.streams}'s step:"
         )
-        split = [header]
-        for k in what.streams[1:]:
-            row = [str(k)]
-            for p in what.policies:
-                c = what.changes[(k, p)]
-                row.append(
-                    f"{c.queueing * 1e3:+.4f} {c.bandwidth_sharing * 1e3:+.4f} "
-                    f"{c.interference * 1e3:+.4f} = {c.total * 1e3:+.4f}"
-                )
-            split.append(row)
-        lines.extend(aligned(split, indent="  "))
+        lines.extend(grid(what.streams[1:], change))
     if xla is not None:
         lines.append(
             f"XLA's own multi-streaming (--{MULTI_STREAMING}: "
