@@ -66,43 +66,45 @@ class Replay:
         else:
             self.modeled += spec.cost.seconds
 
-    def compute_time(
-        self, seconds: float, kernels: tuple[tuple[float, float, float], ...]
-    ) -> float:
+    def compute_time(self, seconds: float, kernels: tuple[Kernel, ...]) -> float:
         """What compute that takes ``seconds`` alone (``kernels``: its kernels' seconds,
         matrix and memory seconds) takes when it starts now: the overlapped part of each
         kernel slowed by the collectives running beside it (``interference.py``). The
-        one place the replay prices compute against the collectives beside it."""
-        if not self.interference:
-            return seconds
+        one place the replay prices compute against the collectives beside it.
+
+        The network is advanced only when a kernel reaches its next event (a collective
+        starting, ending its latency or finishing): between events the factors hold."""
         network = self.network
+        # Nothing in flight or queued: nothing can start before the compute ends (and
+        # running the network up to now would not change that).
+        if not (self.interference and network.collectives_pending()):
+            return seconds
         network.run(until_time=self.t)
         if not network.collectives_pending():
-            return seconds  # nothing in flight, and nothing can start before it ends
-        t = self.t
-        for kernel in kernels:
-            t = self._kernel_end(t, *kernel)
+            return seconds
+        t, event = self.t, network.next_event()
+        alone = 0.0  # of the kernels done, their time alone
+        for kernel_seconds, matrix, memory in kernels:
+            remaining = kernel_seconds
+            while True:
+                if t >= event:
+                    network.run(until_time=t)
+                    if not network.collectives_pending():
+                        # The rest runs alone: nothing can start before it ends.
+                        return t + remaining + (seconds - alone - kernel_seconds) - self.t
+                    event = network.next_event()
+                if network.changes != self._changes:
+                    self._changes = network.changes
+                    self._factors = factors(self.target, self.errors, network.sms, network.hbm)
+                f = slowdown(kernel_seconds, matrix, memory, *self._factors)
+                end = t + remaining * f
+                if end <= event:
+                    t = end
+                    break
+                remaining -= (event - t) / f
+                t = event
+            alone += kernel_seconds
         return t - self.t
-
-    def _kernel_end(self, t: float, seconds: float, matrix: float, memory: float) -> float:
-        """When a kernel that starts at ``t`` ends: it progresses at 1 / its slowdown,
-        which changes at each event of the network."""
-        network = self.network
-        remaining = seconds  # of its time alone
-        while True:
-            network.run(until_time=t)
-            if not network.collectives_pending():
-                return t + remaining
-            if network.changes != self._changes:
-                self._changes = network.changes
-                self._factors = factors(self.target, self.errors, network.sms, network.hbm)
-            f = slowdown(seconds, matrix, memory, *self._factors)
-            end = t + remaining * f
-            event = network.next_event()
-            if end <= event:
-                return end
-            remaining -= (event - t) / f
-            t = event
 
     def program(self, steps: list[Step]) -> None:
         recorder = self.recorder

@@ -120,7 +120,7 @@ def what_if(
     lower = simulator.bound(respect_rule=False)
     rule = simulator.bound(respect_rule=True)
     explanations = _explain_non_monotone(
-        simulator, streams, policies, results, assignments, changes
+        simulator, streams, policies, results, assignments, changes, ends
     )
     return WhatIf(
         module=module.name,
@@ -166,10 +166,12 @@ def _explain_non_monotone(
     results: dict[tuple[int, str], SimResult],
     assignments: dict[tuple[int, str], StreamAssignment],
     changes: dict[tuple[int, str], Change],
+    ends: dict[tuple[int, str], tuple[float, float, float]],
 ) -> dict[tuple[int, str], str]:
     """For each K predicted slower than the K before it: the split of the change
-    (``Change``) and replays without bandwidth sharing tell the three possible causes
-    apart, and recorded replays name the pairs."""
+    (``Change``) and the replays without bandwidth sharing or interference (``ends``,
+    :func:`_ends`) tell the three possible causes apart, and recorded replays name
+    the pairs."""
     out: dict[tuple[int, str], str] = {}
     timelines: dict[tuple[tuple[str, int | None], ...], SimResult] = {}
     for policy in policies:
@@ -181,8 +183,8 @@ def _explain_non_monotone(
                 assignments[(k, policy)],
                 assignments[(smaller, policy)],
             )
-            unshared_slow = simulator.run(slow_assignment, share_bandwidth=False)
-            unshared_fast = simulator.run(fast_assignment, share_bandwidth=False)
+            # Without sharing (nor interference): the replays that split the change.
+            unshared_slow, unshared_fast = ends[(k, policy)][2], ends[(smaller, policy)][2]
             head = (
                 f"{policy}: K={k} ({slow.step_time * 1e3:.4f} ms) is predicted slower than "
                 f"K={smaller} ({fast.step_time * 1e3:.4f} ms): "
@@ -195,13 +197,12 @@ def _explain_non_monotone(
                     "SMs and HBM bandwidth to their NCCL kernels (interference "
                     f"{worse * 1e3:+.4f} ms against K={smaller}, the rest {others * 1e3:+.4f} ms)"
                 )
-            elif unshared_slow.step_time <= unshared_fast.step_time * (1 + MONOTONE_TOLERANCE):
+            elif unshared_slow <= unshared_fast * (1 + MONOTONE_TOLERANCE):
                 cause = (
                     "collectives that now run at the same time share link bandwidth, so "
                     "the one the compute stream waits for first finishes later than it would "
-                    f"have queued alone (without sharing K={k} would take "
-                    f"{unshared_slow.step_time * 1e3:.4f} ms, K={smaller} "
-                    f"{unshared_fast.step_time * 1e3:.4f} ms)"
+                    f"have queued alone (without sharing or interference K={k} would take "
+                    f"{unshared_slow * 1e3:.4f} ms, K={smaller} {unshared_fast * 1e3:.4f} ms)"
                 )
             else:
                 cause = (
