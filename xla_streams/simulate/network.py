@@ -81,12 +81,15 @@ class Network:
         self.sms = 0
         self.hbm = 0.0
         self.changes = 0
+        self.queued_collectives = 0  # waiting on their streams (side kernels not counted)
 
     def submit(self, job: Job) -> None:
         queue = self.queues.get(job.lane)
         if queue is None:
             queue = self.queues[job.lane] = deque()
         queue.append(job)
+        if job.lane > SIDE_COMPUTE_LANE:
+            self.queued_collectives += 1
 
     def idle(self) -> bool:
         return not self.running and not any(self.queues.values())
@@ -94,9 +97,7 @@ class Network:
     def collectives_pending(self) -> bool:
         """A collective (not a side kernel) is running or queued: compute beside it may
         be slowed now or later."""
-        return self.sms > 0 or any(
-            queue and lane > SIDE_COMPUTE_LANE for lane, queue in self.queues.items()
-        )
+        return self.sms > 0 or self.queued_collectives > 0
 
     def next_event(self) -> float:
         """When the next collective starts, ends its latency or finishes (inf: never)."""
@@ -152,6 +153,8 @@ class Network:
         for lane, queue in self.queues.items():
             if queue and lane not in self.running and queue[0].ready <= limit:
                 job = queue.popleft()
+                if lane > SIDE_COMPUTE_LANE:
+                    self.queued_collectives -= 1
                 job.begin = t
                 job.latency_end = t + job.spec.cost.latency
                 self.running[lane] = job

@@ -59,6 +59,8 @@ class Replay:
         # (f_mat, f_mem) for the network's state after ``_changes`` events.
         self._factors = (1.0, 1.0)
         self._changes = -1
+        # factors() by (SMs held, HBM bytes/s moved): the same collectives recur.
+        self._factors_of: dict[tuple[int, float], tuple[float, float]] = {}
 
     def _count(self, spec: CollectiveSpec) -> None:
         if spec.profiled:
@@ -95,7 +97,11 @@ class Replay:
                     event = network.next_event()
                 if network.changes != self._changes:
                     self._changes = network.changes
-                    self._factors = factors(self.target, self.errors, network.sms, network.hbm)
+                    state = (network.sms, network.hbm)
+                    cached = self._factors_of.get(state)
+                    if cached is None:
+                        cached = self._factors_of[state] = factors(self.target, self.errors, *state)
+                    self._factors = cached
                 f = slowdown(kernel_seconds, matrix, memory, *self._factors)
                 end = t + remaining * f
                 if end <= event:
