@@ -31,7 +31,6 @@ from xla_streams.option import (
     suggestion,
     text,
 )
-from xla_streams.runtime.abi import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, MIN_TIMEOUT_S
 
 ENV_PREFIX = "XLA_STREAMS_"
 FLAG_PREFIX = "xla_streams_"
@@ -88,6 +87,14 @@ LOG = _setting(
     "What the plugin prints: info is the start-up line and, with reports on, one line per "
     "module.",
 )  # fmt: skip
+DEFAULT_TIMEOUT_S = 300.0
+# A timeout turns a hang into an error, so it is finite. The runtime counts it in
+# whole milliseconds, so less than 1 ms would be no time at all; a collective still
+# running after a week is hung, not slow, and a week of nanoseconds (6e14) stays far
+# from overflowing the runtime's int64 deadlines (9.2e18). The native runtime holds
+# the same bounds (runtime/abi.py says so, and its test checks them).
+MIN_TIMEOUT_S = 0.001
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 TIMEOUT_S = _setting(
     "timeout_s", DEFAULT_TIMEOUT_S,
     number(MIN_TIMEOUT_S, MAX_TIMEOUT_S, metavar="SECONDS",

@@ -29,6 +29,7 @@ from typing import Any
 
 from xla_streams.collectives import DEFAULT_POLICY, Policy
 from xla_streams.environment import (
+    DEFAULT_TIMEOUT_S,
     LOG_LEVELS,
     MODES,
     OTHER_VARIABLES,
@@ -41,7 +42,6 @@ from xla_streams.environment import (
 from xla_streams.option import Option, OptionError, Source
 from xla_streams.passes.base import PipelineError
 from xla_streams.pipeline import PipelineSpec
-from xla_streams.runtime.abi import DEFAULT_TIMEOUT_S
 from xla_streams.tuning.result import TuneError, load_tune_result
 
 BY_NAME = {s.name: s for s in SETTINGS}

@@ -48,6 +48,7 @@ from dataclasses import dataclass, fields
 from typing import ClassVar, Literal
 
 from xla_streams.collectives import KINDS
+from xla_streams.environment import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, MIN_TIMEOUT_S
 
 # -- targets and where they run ---------------------------------------------------------
 
@@ -225,14 +226,10 @@ def _type_of(value: AttributeValue) -> str:
 
 # -- the timeout ------------------------------------------------------------------------
 
+# The variable, its default and bounds are declared with every other variable
+# (environment.py); the native runtime holds the same bounds (common.h), which
+# tests/runtime/test_abi.py checks against these.
 TIMEOUT_ENV = "XLA_STREAMS_TIMEOUT_S"
-DEFAULT_TIMEOUT_S = 300.0
-# A timeout turns a hang into an error, so it is finite. The runtime counts it in
-# whole milliseconds, so less than 1 ms would be no time at all; a collective
-# still running after a week is hung, not slow, and a week of nanoseconds (6e14)
-# stays far from overflowing the runtime's int64 deadlines (9.2e18).
-MIN_TIMEOUT_S = 0.001
-MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 __all__ = [

@@ -91,7 +91,7 @@ int64_t RunId(XLA_FFI_InvokeContext* ctx) {
   return Ask(g_api->XLA_FFI_RunId_Get, ctx, &args) ? args.run_id : 0;
 }
 
-XLA_FFI_Error* Error(const std::string& message) {
+XLA_FFI_Error* ApiError(const std::string& message) {
   XLA_FFI_Error_Create_Args args{XLA_FFI_Error_Create_Args_STRUCT_SIZE, nullptr, message.c_str(),
                                  XLA_FFI_Error_Code_INTERNAL};
   return g_api->XLA_FFI_Error_Create(&args);
@@ -318,7 +318,7 @@ class DeviceThread {
     while (xsim_stream_wait(stream_, 20) == 1) {
       char message[4096];
       if (g_device_error != nullptr && g_device_error(ordinal_, message, sizeof(message)) > 0) {
-        return Error(message);
+        return ApiError(message);
       }
     }
     HostAccess(ordinal_, frame.rets.size, frame.rets.rets, 0, "XLA:CPU read a result");
