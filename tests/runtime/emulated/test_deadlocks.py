@@ -20,6 +20,7 @@ from xla_streams.runtime.emulator import replay
 
 REPO = Path(__file__).resolve().parents[3]
 SEEDS = range(8)
+SEEDS_UNTIL_A_DEADLOCK = range(64)
 STRICTEST = {"residency": 1}
 
 
@@ -71,11 +72,16 @@ def test_without_the_rule_it_deadlocks_and_names_the_cycle_before_any_timeout(
     tp_dp_2d: str, run_replay: Callable[..., Any]
 ) -> None:
     plan = replay.plan(without_the_rule(tp_dp_2d), devices=8)
-    found = []
-    for seed in SEEDS:
+    found: list[str] = []
+    # A seed fixes the model's choices, not the host threads' timing, which decides
+    # what is ready when it chooses: about one run in five deadlocks, so seeds are
+    # tried until one does (eight missed about once in five; all of these, never).
+    for seed in SEEDS_UNTIL_A_DEADLOCK:
         result = run_replay(plan, configure={**STRICTEST, "seed": seed}, timeout_ms=60000)
         found += deadlocks(result)
         assert result["errors"] == []  # found long before the 60 s timeout
+        if found:
+            break
     assert found, "no seed deadlocked: the check, or the model, lost its teeth"
     cycle = found[0]
     assert cycle.startswith("a cycle of ") and " waits for [" in cycle
