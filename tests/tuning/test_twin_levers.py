@@ -102,11 +102,7 @@ class Compiled:
         )
 
 
-Price = Callable[["Compiled"], float]
-
-
-def key(flags: Mapping[str, object]) -> str:
-    return describe(flags)
+Price = Callable[[Compiled], float]
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +122,8 @@ def compiled() -> dict[tuple[str, str], Compiled]:
         for flags in SETTINGS:
             t0 = time.perf_counter()
             text = compile_for_gpu(fn, args, compiler_options=flags, dump=False).as_text
-            print(f"compiled {name} with {key(flags)} in {time.perf_counter() - t0:.1f} s")
-            out[(name, key(flags))] = Compiled(
+            print(f"compiled {name} with {describe(flags)} in {time.perf_counter() - t0:.1f} s")
+            out[(name, describe(flags))] = Compiled(
                 text, parse_module(text, name), flags, program.devices_per_host
             )
     return out
@@ -148,7 +144,7 @@ def best_step(c: Compiled) -> float:
 def test_the_census_says_the_loop_levers_act_only_on_the_scan(
     compiled: dict[tuple[str, str], Compiled],
 ) -> None:
-    census = {name: compiled[(name, key({}))].census for name in TWINS}
+    census = {name: compiled[(name, describe({}))].census for name in TWINS}
     acting = {
         name: {lv.name for lv in levers(c) if lv.skip(c) is None} for name, c in census.items()
     }
@@ -165,8 +161,8 @@ def test_a_loop_lever_changes_the_scan_and_leaves_the_unrolled_twin_as_compiled(
 ) -> None:
     """Double buffering unrolls a while loop's body twice: with no loop holding a
     collective, the unrolled twin's compile is XLA's default one."""
-    default = {name: compiled[(name, key({}))] for name in TWINS}
-    buffered = {name: compiled[(name, key(LOOP_ONLY))] for name in TWINS}
+    default = {name: compiled[(name, describe({}))] for name in TWINS}
+    buffered = {name: compiled[(name, describe(LOOP_ONLY))] for name in TWINS}
     for name in TWINS:
         print(
             f"{name}: async pairs {default[name].census.async_pairs} at XLA's defaults, "
@@ -184,7 +180,7 @@ def baseline_disagreement(compiled: dict[tuple[str, str], Compiled], price: Pric
     effect (a ratio of two such steps) is held to agree no closer than this. A lever
     that took the same time off both steps would move their ratios apart by only this
     much times its own effect."""
-    scan, unrolled = (price(compiled[(name, key({}))]) for name in TWINS)
+    scan, unrolled = (price(compiled[(name, describe({}))]) for name in TWINS)
     return abs(scan - unrolled) / min(scan, unrolled)
 
 
@@ -208,7 +204,7 @@ def explain(c: Compiled) -> str:
         pytest.param(f, marks=DISAGREE) if f.get(MULTI_STREAMING) and len(f) > 1 else f
         for f in SHARED
     ],
-    ids=key,
+    ids=describe,
 )
 def test_a_shared_levers_effect_agrees_between_the_twins(
     compiled: dict[tuple[str, str], Compiled], flags: Flags
@@ -228,7 +224,7 @@ def test_a_shared_levers_effect_agrees_between_the_twins(
     lines = []
     effect: dict[str, dict[str, float]] = {"best": {}, "one stream": {}}
     for name in TWINS:
-        default, tuned = compiled[(name, key({}))], compiled[(name, key(flags))]
+        default, tuned = compiled[(name, describe({}))], compiled[(name, describe(flags))]
         effect["best"][name] = best_step(tuned) / best_step(default)
         effect["one stream"][name] = one_stream_step(tuned) / one_stream_step(default)
         same = " (compiled as at XLA's defaults)" if tuned.schedule == default.schedule else ""
@@ -237,11 +233,11 @@ def test_a_shared_levers_effect_agrees_between_the_twins(
             f"{effect['one stream'][name]:.4f} on one stream{same}"
         )
         lines.append(f"  XLA's defaults: {explain(default)}")
-        lines.append(f"  {key(flags)}: {explain(tuned)}")
+        lines.append(f"  {describe(flags)}: {explain(tuned)}")
     best_tolerance = baseline_disagreement(compiled, best_step)
     one_tolerance = baseline_disagreement(compiled, one_stream_step)
     report = "\n".join(
-        [f"{key(flags)}, tolerance {best_tolerance:.4f} (best K), {one_tolerance:.4f} (one)",
+        [f"{describe(flags)}, tolerance {best_tolerance:.4f} (best K), {one_tolerance:.4f} (one)",
          *lines]
     )  # fmt: skip
     print(report)

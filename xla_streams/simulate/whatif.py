@@ -119,9 +119,7 @@ def what_if(
     say("simulating the bounds")
     lower = simulator.bound(respect_rule=False)
     rule = simulator.bound(respect_rule=True)
-    explanations = _explain_non_monotone(
-        simulator, streams, policies, results, assignments, changes, ends
-    )
+    explanations = _explain_non_monotone(simulator, streams, policies, results, assignments, ends)
     return WhatIf(
         module=module.name,
         target=target,
@@ -165,13 +163,11 @@ def _explain_non_monotone(
     policies: tuple[Policy, ...],
     results: dict[tuple[int, str], SimResult],
     assignments: dict[tuple[int, str], StreamAssignment],
-    changes: dict[tuple[int, str], Change],
     ends: dict[tuple[int, str], tuple[float, float, float]],
 ) -> dict[tuple[int, str], str]:
-    """For each K predicted slower than the K before it: the split of the change
-    (``Change``) and the replays without bandwidth sharing or interference (``ends``,
-    :func:`_ends`) tell the three possible causes apart, and recorded replays name
-    the pairs."""
+    """For each K predicted slower than the K before it: the three replays of each
+    assignment that split its change (``ends``, :func:`_ends`) tell the three possible
+    causes apart, and recorded replays name the pairs."""
     out: dict[tuple[int, str], str] = {}
     timelines: dict[tuple[tuple[str, int | None], ...], SimResult] = {}
     for policy in policies:
@@ -183,13 +179,15 @@ def _explain_non_monotone(
                 assignments[(k, policy)],
                 assignments[(smaller, policy)],
             )
-            # Without sharing (nor interference): the replays that split the change.
-            unshared_slow, unshared_fast = ends[(k, policy)][2], ends[(smaller, policy)][2]
+            # The replays that split the change: as modelled, without interference, and
+            # without sharing or interference.
+            slow_full, slow_calm, unshared_slow = ends[(k, policy)]
+            fast_full, fast_calm, unshared_fast = ends[(smaller, policy)]
             head = (
                 f"{policy}: K={k} ({slow.step_time * 1e3:.4f} ms) is predicted slower than "
                 f"K={smaller} ({fast.step_time * 1e3:.4f} ms): "
             )
-            worse = changes[(k, policy)].interference - changes[(smaller, policy)].interference
+            worse = (slow_full - slow_calm) - (fast_full - fast_calm)
             others = (slow.step_time - fast.step_time) - worse
             if worse > others:
                 cause = (
