@@ -33,6 +33,7 @@ from xla_streams.collectives import (
     Policy,
     format_groups,
 )
+from xla_streams.hlo import Module
 from xla_streams.passes.base import Compilation
 from xla_streams.streams import AsyncPair, StreamAssignment, max_in_flight
 
@@ -313,6 +314,7 @@ def build_report(compilation: Compilation) -> AssignmentReport:
         for p in pairs
     )
     placed = [p for p in pairs if assignment.stream_of[p.key] is not None]
+    synchronous, host_transfers = _unpaired_collectives(compilation.module)
     summary = ReportSummary(
         async_pairs=len(pairs),
         assigned=len(placed),
@@ -323,8 +325,8 @@ def build_report(compilation: Compilation) -> AssignmentReport:
         serialized_by_rule=len(assignment.serialized_by_rule),
         sync=sum(p.sync for p in pairs),
         pipelined=sum(p.pipelined for p in pairs),
-        synchronous_collectives=_synchronous_collectives(compilation),
-        host_transfers=_host_transfers(compilation),
+        synchronous_collectives=synchronous,
+        host_transfers=host_transfers,
         pairs_by_kind=dict(sorted(Counter(p.kind for p in pairs).items())),
         max_in_flight_by_computation=_in_flight_by_computation(compilation, placed),
     )
@@ -333,17 +335,20 @@ def build_report(compilation: Compilation) -> AssignmentReport:
     )
 
 
-def _synchronous_collectives(compilation: Compilation) -> int:
-    instructions = compilation.module.instructions()
-    return sum(1 for inst in instructions if inst.opcode in COLLECTIVE_OPCODES)
+def _unpaired_collectives(module: Module) -> tuple[int, int]:
+    """The synchronous collectives (never async) and the host transfers (send and recv
+    with ``is_host_transfer=true``): one pass over the instructions for both."""
+    synchronous = host_transfers = 0
+    for inst in module.instructions():
+        opcode = inst.opcode
+        if opcode in COLLECTIVE_OPCODES:
+            synchronous += 1
+        elif opcode in _SEND_RECV and inst.attribute("is_host_transfer") == "true":
+            host_transfers += 1
+    return synchronous, host_transfers
 
 
-def _host_transfers(compilation: Compilation) -> int:
-    return sum(
-        1
-        for inst in compilation.module.instructions()
-        if inst.opcode in ("send", "recv") and inst.attribute("is_host_transfer") == "true"
-    )
+_SEND_RECV = frozenset({"send", "recv"})
 
 
 def _assignment(compilation: Compilation) -> StreamAssignment:

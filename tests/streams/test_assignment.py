@@ -207,33 +207,35 @@ def test_pins_the_rule_cannot_honour_are_reassigned() -> None:
     verify_streams(pairs, assignment, parse_module(text))
 
 
+# %shared is called twice; at its second call a DP collective of ENTRY is in flight.
+CALLED_TWICE = "\n".join(
+    [
+        "HloModule calls, is_scheduled=true, num_partitions=8",
+        "",
+        *ADD_REDUCER.splitlines(),
+        "",
+        "%shared (x: f32[64]) -> f32[64] {",
+        "  %x = f32[64]{0} parameter(0)",
+        f"  %inner = f32[64]{{0}} all-reduce-start(%x), channel_id=2, replica_groups={TP}, use_global_device_ids=true, to_apply=%add",
+        "  %e = f32[64]{0} exponential(%x)",
+        "  ROOT %inner.done = f32[64]{0} all-reduce-done(%inner)",
+        "}",
+        "",
+        "ENTRY %main (p: f32[64]) -> f32[64] {",
+        "  %p = f32[64]{0} parameter(0)",
+        "  %c1 = f32[64]{0} call(%p), to_apply=%shared",
+        "  %outer = f32[64]{0} all-reduce-start(%p), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, use_global_device_ids=true, to_apply=%add",
+        "  %c2 = f32[64]{0} call(%c1), to_apply=%shared",
+        "  %outer.done = f32[64]{0} all-reduce-done(%outer)",
+        "  ROOT %r = f32[64]{0} add(%c2, %outer.done)",
+        "}",
+        "",
+    ]
+)
+
+
 def test_every_call_of_a_computation_counts() -> None:
-    # %shared is called twice; at its second call a DP collective of ENTRY is in flight.
-    text = "\n".join(
-        [
-            "HloModule calls, is_scheduled=true, num_partitions=8",
-            "",
-            *ADD_REDUCER.splitlines(),
-            "",
-            "%shared (x: f32[64]) -> f32[64] {",
-            "  %x = f32[64]{0} parameter(0)",
-            f"  %inner = f32[64]{{0}} all-reduce-start(%x), channel_id=2, replica_groups={TP}, use_global_device_ids=true, to_apply=%add",
-            "  %e = f32[64]{0} exponential(%x)",
-            "  ROOT %inner.done = f32[64]{0} all-reduce-done(%inner)",
-            "}",
-            "",
-            "ENTRY %main (p: f32[64]) -> f32[64] {",
-            "  %p = f32[64]{0} parameter(0)",
-            "  %c1 = f32[64]{0} call(%p), to_apply=%shared",
-            "  %outer = f32[64]{0} all-reduce-start(%p), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, use_global_device_ids=true, to_apply=%add",
-            "  %c2 = f32[64]{0} call(%c1), to_apply=%shared",
-            "  %outer.done = f32[64]{0} all-reduce-done(%outer)",
-            "  ROOT %r = f32[64]{0} add(%c2, %outer.done)",
-            "}",
-            "",
-        ]
-    )
-    module = parse_module(text)
+    module = parse_module(CALLED_TWICE)
     pairs = {p.start: p for p in find_async_pairs(module)}
     assert len(pairs["inner"].occurrences) == 2
     assert pairs["outer"].overlaps(pairs["inner"])
@@ -243,6 +245,22 @@ def test_every_call_of_a_computation_counts() -> None:
     broken = type(assignment)(4, "interval", {"inner": 1, "outer": 0})
     with pytest.raises(VerificationError, match="deadlock rule broken"):
         verify_streams(list(pairs.values()), broken, module)
+
+
+def test_the_walk_counts_every_instruction_it_executes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # ENTRY's 6, %shared's 4 at each of its 2 calls, %add's 3 (a computation no call
+    # reaches is walked once on its own): 17. The walk visits only where something
+    # happens; what it skips still counts.
+    from xla_streams.streams import verify
+
+    module = parse_module(CALLED_TWICE)
+    pairs = find_async_pairs(module)
+    assignment = assign_streams(pairs, 4, "interval")
+    monkeypatch.setattr(verify, "MAX_WALK", 17)
+    verify_streams(pairs, assignment, module)
+    monkeypatch.setattr(verify, "MAX_WALK", 16)
+    with pytest.raises(VerificationError, match="more than 16 instructions"):
+        verify_streams(pairs, assignment, module)
 
 
 @pytest.mark.parametrize("bad", [0, 65, -1])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from functools import lru_cache
 
 from xla_streams.hlo.errors import HloError
 from xla_streams.hlo.text import (
@@ -128,6 +129,10 @@ def control_flow_callees(inst: _Attributed) -> list[tuple[str, str]]:
     ]
 
 
+# A module repeats a few distinct group texts on every collective (one per mesh axis it
+# reduces over), and expanding an iota or mesh form is the dearest decoding there is.
+# Small: each entry may hold up to MAX_DEVICES ids.
+@lru_cache(maxsize=16)
 def parse_replica_groups(value: str) -> Groups:
     """Device groups from any printed form; ``()`` means one group of all devices.
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from xla_streams.collectives import (
     COLLECTIVE_OPCODES,
@@ -707,8 +708,10 @@ def _annotation(start: Instruction, frontend: dict[str, str]) -> int | None:
 
 
 def _is_sync(inst: Instruction) -> bool:
-    config = decode(inst, "backend_config", parse_backend_config)
-    if config is None:
-        return False
-    collective = config.get("collective_backend_config", {})
+    return bool(decode(inst, "backend_config", _says_sync))
+
+
+@lru_cache(maxsize=64)  # collectives of one kind print the same config: decoded once
+def _says_sync(backend_config: str) -> bool:
+    collective = parse_backend_config(backend_config).get("collective_backend_config", {})
     return bool(isinstance(collective, dict) and collective.get("is_sync", False))

@@ -18,6 +18,7 @@ collective.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -146,43 +147,49 @@ def _walk(module: Module, placed: dict[str, AsyncPair], assignment: StreamAssign
         at = events.setdefault(p.computation, {})
         at[p.start_index], at[p.done_index] = (True, p), (False, p)
     threads = _AsyncCalls(module, placed.values())
+    stops = _Stops(events, threads)
     budget = MAX_WALK
     reached: set[str] = set()
     roots = [module.entry] + [c for c in module.computations if not c.is_entry]
     for root in roots:
         if root.name in reached:
             continue
+        reached.add(root.name)
+        if not stops.of(root):  # no pair and no call in it (most: fusions' computations)
+            budget -= len(root.instructions)
+            if budget < 0:
+                raise _too_large()
+            continue
         rule = _Rule(assignment)
         # A stack of frames: a computation, its next instruction's index, its events, and
         # the pairs of the async calls it has running, by the index of their done.
         stack: list[_Frame] = [(root, 0, events.get(root.name, {}), {})]
-        reached.add(root.name)
         while stack:
             comp, i, at, running = stack.pop()
             instructions = comp.instructions
-            while i < len(instructions):
-                budget -= 1
+            # Only the instructions where something happens are visited (a pair starts
+            # or ends, an async call's done, a call); those between are counted.
+            where = stops.of(comp)
+            for stop in where[bisect.bisect_left(where, i) :]:
+                budget -= stop + 1 - i
                 if budget < 0:
-                    raise VerificationError(
-                        f"the program executes more than {MAX_WALK} instructions; too large "
-                        "to verify"
-                    )
+                    raise _too_large()
+                i = stop + 1
                 if running:
-                    for p in running.pop(i, ()):
+                    for p in running.pop(stop, ()):
                         rule.done(p)
-                event = at.get(i)
+                event = at.get(stop)
                 if event is not None:
                     if event[0]:
                         rule.start(event[1])
                     else:
                         rule.done(event[1])
-                inst = instructions[i]
-                i += 1
+                inst = instructions[stop]
                 calls = _CALLS.get(inst.opcode)
                 if calls is None:
-                    continue  # most instructions: they call nothing
+                    continue
                 if calls == "async":
-                    called = threads.calls(comp).get(i - 1)
+                    called = threads.calls(comp).get(stop)
                     if called is not None:
                         done, inside = called
                         for p in inside:
@@ -199,8 +206,46 @@ def _walk(module: Module, placed: dict[str, AsyncPair], assignment: StreamAssign
                         stack.append((callee, 0, events.get(callee.name, {}), {}))
                 break
             else:
+                budget -= len(instructions) - i
+                if budget < 0:
+                    raise _too_large()
                 for p in running.pop(None, ()):  # an async call without a done
                     rule.done(p)
+
+
+def _too_large() -> VerificationError:
+    return VerificationError(
+        f"the program executes more than {MAX_WALK} instructions; too large to verify"
+    )
+
+
+class _Stops:
+    """Per computation, in order, the positions the walk must visit: where a placed pair
+    starts or ends, where an instruction calls a computation, where an async call's done
+    is; found once per computation, however often it runs."""
+
+    def __init__(
+        self, events: dict[str, dict[int, tuple[bool, AsyncPair]]], threads: _AsyncCalls
+    ) -> None:
+        self._events = events
+        self._threads = threads
+        self._of: dict[str, list[int]] = {}
+
+    def of(self, comp: Computation) -> list[int]:
+        found = self._of.get(comp.name)
+        if found is None:
+            calls = [i for i, inst in enumerate(comp.instructions) if inst.opcode in _CALLS]
+            events = self._events.get(comp.name)
+            if not calls and not events:
+                found = []
+            else:
+                positions = {*calls, *(events or ())}
+                if any(comp.instructions[i].opcode in ASYNC_CALLS for i in calls):
+                    dones = (done for done, _ in self._threads.calls(comp).values())
+                    positions.update(done for done in dones if done is not None)
+                found = sorted(positions)
+            self._of[comp.name] = found
+        return found
 
 
 # What an instruction calls, by opcode: computations as control flow, or another
