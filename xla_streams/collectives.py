@@ -15,6 +15,7 @@ from typing import Literal
 
 from xla_streams.hlo import Instruction, Module
 from xla_streams.hlo.attributes import (
+    MAX_DEVICES,
     Groups,
     decode,
     parse_frontend_attributes,
@@ -173,7 +174,8 @@ def device_groups(module: Module, op: Instruction, kind: str) -> Groups:
 
     Follows XLA's collective group modes: without channel_id the ids are replicas;
     with one they are partitions, or with ``use_global_device_ids`` global ids.
-    Permutes and send/recv give each source/target pair as a group.
+    Permutes and send/recv give each source/target pair as a group. A count of 1 reads
+    as unset, as XLA's verifier reads it: the ids are then the groups' own.
     """
     _check_spelling(op)
     replicas, partitions = module.replica_count, module.num_partitions
@@ -206,7 +208,9 @@ def device_groups(module: Module, op: Instruction, kind: str) -> Groups:
             mode = "replica-and-partition"
         else:
             mode = "partition"
-    return _to_device_ids(op, groups, mode, replicas, partitions)
+    return _to_device_ids(
+        op, groups, mode, replicas, partitions, pairs=KINDS[kind].groups == "pairs"
+    )
 
 
 # The attributes that decide a collective's devices: a misspelled one would silently
@@ -267,7 +271,7 @@ def _slice_pairs(value: str) -> tuple[tuple[int, int], ...]:
 
 
 def _to_device_ids(
-    op: Instruction, groups: Groups, mode: str, replicas: int, partitions: int
+    op: Instruction, groups: Groups, mode: str, replicas: int, partitions: int, *, pairs: bool
 ) -> Groups:
     total = replicas * partitions
     # The ids are checked against their own range before any list is built: a
@@ -275,13 +279,28 @@ def _to_device_ids(
     limit, noun = {"global": (total, "devices"), "partition": (partitions, "partitions")}.get(
         mode, (replicas, "replicas")
     )
+    counts = f"replica_count={replicas}, num_partitions={partitions}"
+    unset = limit == 1 and bool(groups)
+    if unset:
+        # 1 is also the count of a header that sets none (XLA's own test modules): XLA's
+        # verifier then reads the ids as the groups give them, groups holding 0..n-1 and
+        # pairs any id (hlo_verifier.cc: CheckReplicaGroups, "replica and/or partition
+        # count is not set ... skip this part of the verification";
+        # CheckDuplicatedSourceOrTarget, "limit == 1 ||"), and so does this.
+        limit = max(max(g) for g in groups) + 1 if pairs else sum(len(g) for g in groups)
+        counts += f": 1 reads as unset, as in XLA's verifier, so the ids are the {noun}"
+        if limit > MAX_DEVICES:
+            raise op.error(f"device {limit - 1} is beyond the {MAX_DEVICES} devices read ({counts})")
     for group in groups:
         for device in group:
             if not 0 <= device < limit:
-                raise op.error(
-                    f"device {device} is outside the module's {limit} {noun} "
-                    f"(replica_count={replicas}, num_partitions={partitions})"
-                )
+                raise op.error(f"device {device} is outside the module's {limit} {noun} ({counts})")
+    if unset:
+        if mode in ("global", "partition"):
+            partitions = limit
+        else:
+            replicas = limit
+        total = replicas * partitions
     if mode == "global":
         return groups or (tuple(range(total)),)
     if mode == "partition":

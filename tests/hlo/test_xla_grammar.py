@@ -556,7 +556,9 @@ def test_any_layout_is_read_in_bounded_time(text: str, message: str | None) -> N
         parse_module(text)
     else:
         assert message in our_error(text).message
-    assert time.perf_counter() - start < 1.0
+    # Generous: the slowest takes about 0.6 s on a quiet 2-core machine, and a quadratic
+    # reading of 20,000 statements takes minutes.
+    assert time.perf_counter() - start < 5.0
 
 
 def test_anchors_map_a_statement_back_to_its_source() -> None:

@@ -107,6 +107,42 @@ def test_a_device_send_without_its_pairs_is_still_refused() -> None:
         find_async_pairs(parse_module(device))
 
 
+# -- a header that sets no device count -------------------------------------------------
+
+# XLA's own test modules often leave the counts at 1 while their groups name 8 devices;
+# XLA's verifier reads a count of 1 as unset and takes the ids as the groups give them.
+UNCOUNTED = hlo_module(
+    "HloModule uncounted, is_scheduled=true",
+    """\
+ENTRY %main (p: f32[64]) -> f32[64] {
+  %p = f32[64]{0} parameter(0)
+  %ar = f32[64]{0} all-reduce-start(%p), replica_groups={{0,1,2,3},{4,5,6,7}}, to_apply=%add
+  %cp = f32[64]{0} collective-permute-start(%p), channel_id=1, source_target_pairs={{0,9},{9,0}}
+  %e = f32[64]{0} exponential(%p)
+  %ar.done = f32[64]{0} all-reduce-done(%ar)
+  %cp.done = f32[64]{0} collective-permute-done(%cp)
+  ROOT %r = f32[64]{0} add(%ar.done, %cp.done)
+}
+""",
+)
+
+
+def test_without_counts_in_the_header_the_ids_are_the_devices(tmp_path: Path) -> None:
+    pairs = pairs_of(UNCOUNTED)
+    assert pairs["ar"].groups == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert pairs["cp"].groups == ((0, 9), (9, 0))
+    _, report = assigned(UNCOUNTED, tmp_path)
+    assert report.summary.async_pairs == 2
+
+
+def test_without_counts_groups_still_hold_each_id_from_0_once() -> None:
+    # XLA's verifier: "Replica 8 is out of range (should be in [0, 8) range)".
+    gap = UNCOUNTED.replace("{4,5,6,7}}", "{4,5,6,8}}")
+    with pytest.raises(HloError, match=r"device 8 is outside the module's 8 replicas \("
+                       r"replica_count=1, num_partitions=1: 1 reads as unset"):  # fmt: skip
+        find_async_pairs(parse_module(gap))
+
+
 # -- send/recv chains through a loop's tuple -----------------------------------------
 
 CONTEXT = "(f32[64]{0}, u32[], token[])"
