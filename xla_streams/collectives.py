@@ -290,7 +290,7 @@ def _to_device_ids(
         limit = max(max(g) for g in groups) + 1 if pairs else sum(len(g) for g in groups)
         counts += f": 1 reads as unset, as in XLA's verifier, so the ids are the {noun}"
         if limit > MAX_DEVICES:
-            raise op.error(f"device {limit - 1} is beyond the {MAX_DEVICES} devices read ({counts})")
+            raise op.error(f"device {limit - 1} is past the {MAX_DEVICES} devices read ({counts})")
     for group in groups:
         for device in group:
             if not 0 <= device < limit:
