@@ -141,6 +141,10 @@ def test_without_counts_groups_still_hold_each_id_from_0_once() -> None:
     with pytest.raises(HloError, match=r"device 8 is outside the module's 8 replicas \("
                        r"replica_count=1, num_partitions=1: 1 reads as unset"):  # fmt: skip
         find_async_pairs(parse_module(gap))
+    # Pairs may name any id, but no more devices than any module may have.
+    far = UNCOUNTED.replace("{{0,9},{9,0}}", "{{0,65536},{65536,0}}")
+    with pytest.raises(HloError, match="device 65536 is past the 65536 devices read"):
+        find_async_pairs(parse_module(far))
 
 
 # -- send/recv chains through a loop's tuple -----------------------------------------
