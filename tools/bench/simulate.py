@@ -3,8 +3,8 @@
     python tools/bench.py simulate                  # the largest hlo_fixtures/*.hlo
     python tools/bench.py simulate IN.hlo --repeat 9 --check
 
-Both sides start from the module text, in-process, with the front end's shape
-cache cleared before every run, and run interleaved after one warm-up each:
+Both sides start from the module text, in-process, with the caches of decoded text
+cleared before every run, and run interleaved after one warm-up each:
 
   assign    parse + find-async-pairs,assign-streams{streams=4},verify-streams,
             annotate-streams + print (what `xla-streams assign` and the plugin do)
@@ -27,10 +27,12 @@ from pathlib import Path
 from bench.runner import REPO, interleaved, measure, suite_parser, verdict
 from xla_streams.collectives import POLICIES
 from xla_streams.hlo import parse_module, parse_shape
+from xla_streams.hlo.attributes import parse_replica_groups
 from xla_streams.passes.base import Compilation
 from xla_streams.pipeline import PassManager
 from xla_streams.simulate import Simulator, get_target, what_if
 from xla_streams.simulate.visual import pictures
+from xla_streams.streams import pairs
 
 ASSIGN = "find-async-pairs,assign-streams{streams=4},verify-streams,annotate-streams"
 STREAMS = (1, 2, 4, 8)
@@ -38,8 +40,11 @@ TARGET_RATIO = 2.0
 
 
 def _clear_caches() -> None:
-    """The front end's shape cache, so that every run parses from scratch."""
+    """The caches of decoded text (shapes, replica groups, backend configs), so that
+    every run decodes from scratch, as one process does."""
     parse_shape.cache_clear()
+    parse_replica_groups.cache_clear()
+    pairs._says_sync.cache_clear()
 
 
 def assign(text: str, path: str) -> Callable[[], None]:

@@ -75,6 +75,7 @@ _AFTER_FRONTEND_ATTRIBUTES = (
     "control-predecessors", "statistics", "result_accuracy", "origin", "metadata", "backend_config",
 )  # fmt: skip
 _PLAIN_OPERAND = re.compile(rf"%({NAME})")
+_PLAIN_OPERANDS = re.compile(rf"%{NAME}(?:, %{NAME})*")  # as XLA prints most lists
 
 # One operand: (instruction name, tuple index path, offset of the name in the line).
 _OperandRef = tuple[str, tuple[int, ...], int]
@@ -121,6 +122,7 @@ class Instruction:
         shape_text: str,
         opcode: str,
         operands_start: int,
+        operands_end: int,
         is_root: bool,
     ) -> None:
         self.computation = computation
@@ -133,7 +135,7 @@ class Instruction:
         self.shape_text = shape_text
         self.opcode = opcode
         self._operands_start = operands_start
-        self._operands_end = -1
+        self._operands_end = operands_end  # its ")"; -1: found on first use
         self.is_root = is_root
         self._attributes: dict[str, str] | None = None
 
@@ -152,9 +154,9 @@ class Instruction:
         """A new instruction, printed in canonical form; ``operands`` is the raw list text."""
         head = f"  {'ROOT ' if is_root else ''}%{name} = {shape_text} {opcode}("
         inst = cls(
-            computation, 0, head + operands + ")", name, shape_text, opcode, len(head), is_root
-        )
-        inst._operands_end = len(head) + len(operands)
+            computation, 0, head + operands + ")", name, shape_text, opcode, len(head),
+            len(head) + len(operands), is_root,
+        )  # fmt: skip
         inst._attributes = dict(attributes)
         inst._edited = True
         return inst
@@ -325,16 +327,20 @@ class Instruction:
             return []
         source = self.source
         start, end = self._operands_start, self._operands_span_end()
-        # `%name`, most operands (and the whole list of many), read as the loop's general
-        # case would read it.
-        plain = _PLAIN_OPERAND.fullmatch(source, start, end)
-        if plain is not None:
-            return [(plain.group(1), (), start + 1)]
+        # `%a, %b, ...` as XLA prints most lists, read as the loop's general case would
+        # read it (a name holds no ",", " " or "%").
+        if _PLAIN_OPERANDS.fullmatch(source, start, end) is not None:
+            refs: list[_OperandRef] = []
+            at = start + 1
+            for name in source[at:end].split(", %"):
+                refs.append((name, (), at))
+                at += len(name) + len(", %")
+            return refs
         try:
             spans = split_top_level(source, start, end)
         except ScanError as e:
             raise self.error_at(e.offset, e.message) from None
-        refs: list[_OperandRef] = []
+        refs = []
         for a, b in spans:
             plain = _PLAIN_OPERAND.fullmatch(source, a, b)
             if plain is not None:

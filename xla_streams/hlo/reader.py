@@ -213,9 +213,12 @@ def _read(
                                 line_no, line, m.start(4), f"unknown opcode '{excerpt(opcode)}'"
                             )
                         opcodes[opcode] = opcode
+                # The list's ")" when the line regex read it; else found when asked for.
+                end = -1 if operands is None else operands_start + len(operands)
                 inst = Instruction(
-                    comp, line_no, line, name, shape_text, opcode, operands_start, root is not None
-                )
+                    comp, line_no, line, name, shape_text, opcode, operands_start, end,
+                    root is not None,
+                )  # fmt: skip
                 if chained:
                     async_ops.append(inst)
                 instructions.append(inst)
@@ -225,12 +228,10 @@ def _read(
                 # hold no `%`, `,`, space or `#`, so any other list fails the test).
                 if operands is None:  # a tuple shape, a literal or a comment in it
                     end = check_operands(inst, operands_start, -1, defined)
-                else:
-                    end = operands_start + len(operands)
-                    if opcode not in NO_OPERANDS and not defined.issuperset(
-                        operands.removeprefix("%").split(", %")
-                    ):
-                        check_operands(inst, operands_start, end, defined)
+                elif opcode not in NO_OPERANDS and not defined.issuperset(
+                    operands.removeprefix("%").split(", %")
+                ):
+                    check_operands(inst, operands_start, end, defined)
                 hit = REFERENCE.search(line, end)
                 if hit is not None:
                     check_attribute_references(inst, hit, end, defined, closed, forward)

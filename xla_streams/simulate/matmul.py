@@ -208,9 +208,17 @@ class MatmulTable:
             FALLBACK_LOW,
             FALLBACK_HIGH,
         )
+        # A model repeats a few GEMM shapes in every layer: each is interpolated once.
+        self._throughput: dict[GemmShape, float | None] = {}
 
     def throughput(self, shape: GemmShape) -> float | None:
         """The FLOP/s XLA would use for ``shape`` (None: not in the table)."""
+        if shape in self._throughput:
+            return self._throughput[shape]
+        rate = self._throughput[shape] = self._interpolate(shape)
+        return rate
+
+    def _interpolate(self, shape: GemmShape) -> float | None:
         exact = self._exact.get(shape.key)
         if exact is not None:
             return exact((shape.b, shape.m, shape.k, shape.n))
