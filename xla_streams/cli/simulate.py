@@ -201,8 +201,8 @@ FLAGS: tuple[Option[Any], ...] = (
     Option("target_file", None, "JSON object overriding fields of --target, e.g. "
         '{"link_efficiency": 0.7, "devices_per_host": 4}.', _FILE),
     Option("calibration", None, "A calibration file (schema xla_streams.calibration.v1, as "
-        "tools/gpu_check.py writes it): measured/predicted ratios per kernel class for "
-        "--target.", _FILE),
+        "`xla-streams calibrate` or tools/gpu_check.py writes it): measured/predicted "
+        "ratios per kernel class for --target.", _FILE),
     Option("perf_table", None, "XLA's collective performance table (the text or binary "
         "DeviceHloInstructionProfiles that --xla_gpu_experimental_collective_perf_table_path "
         "takes) to price collectives inside a host from, instead of the table vendored from "
