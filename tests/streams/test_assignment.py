@@ -207,6 +207,19 @@ def test_pins_the_rule_cannot_honour_are_reassigned() -> None:
     verify_streams(pairs, assignment, parse_module(text))
 
 
+def inner_all_reduce(name: str) -> list[str]:
+    """The lines of computation ``name``: one TP all-reduce pair, ``%inner``, with compute
+    between its start and done."""
+    return [
+        f"%{name} (x: f32[64]) -> f32[64] {{",
+        "  %x = f32[64]{0} parameter(0)",
+        f"  %inner = f32[64]{{0}} all-reduce-start(%x), channel_id=2, replica_groups={TP}, use_global_device_ids=true, to_apply=%add",
+        "  %e = f32[64]{0} exponential(%x)",
+        "  ROOT %inner.done = f32[64]{0} all-reduce-done(%inner)",
+        "}",
+    ]
+
+
 # %shared is called twice; at its second call a DP collective of ENTRY is in flight.
 CALLED_TWICE = "\n".join(
     [
@@ -214,12 +227,7 @@ CALLED_TWICE = "\n".join(
         "",
         *ADD_REDUCER.splitlines(),
         "",
-        "%shared (x: f32[64]) -> f32[64] {",
-        "  %x = f32[64]{0} parameter(0)",
-        f"  %inner = f32[64]{{0}} all-reduce-start(%x), channel_id=2, replica_groups={TP}, use_global_device_ids=true, to_apply=%add",
-        "  %e = f32[64]{0} exponential(%x)",
-        "  ROOT %inner.done = f32[64]{0} all-reduce-done(%inner)",
-        "}",
+        *inner_all_reduce("shared"),
         "",
         "ENTRY %main (p: f32[64]) -> f32[64] {",
         "  %p = f32[64]{0} parameter(0)",
@@ -287,12 +295,7 @@ def test_pairs_in_a_while_body_overlap_a_pair_spanning_the_loop() -> None:
             "",
             *ADD_REDUCER.splitlines(),
             "",
-            "%body (x: f32[64]) -> f32[64] {",
-            "  %x = f32[64]{0} parameter(0)",
-            f"  %inner = f32[64]{{0}} all-reduce-start(%x), channel_id=2, replica_groups={TP}, use_global_device_ids=true, to_apply=%add",
-            "  %e = f32[64]{0} exponential(%x)",
-            "  ROOT %inner.done = f32[64]{0} all-reduce-done(%inner)",
-            "}",
+            *inner_all_reduce("body"),
             "",
             "%cond (y: f32[64]) -> pred[] {",
             "  %y = f32[64]{0} parameter(0)",
