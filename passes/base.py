@@ -12,12 +12,13 @@ failed).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from xla_streams.hlo import Module
 from xla_streams.option import check_fields, options_of
-from xla_streams.streams import AsyncPair, StreamAssignment
+
+if TYPE_CHECKING:  # `xla-streams opt` loads no analysis unless a pass does
+    from xla_streams.streams import AsyncPair, StreamAssignment
 
 
 class Fact(enum.StrEnum):
@@ -29,24 +30,26 @@ class Fact(enum.StrEnum):
     STREAMS_ANNOTATED = "streams-annotated"
 
 
-@dataclass
 class Compilation:
     """The module and what the passes have learned about it so far. What changed in
     the module, the module itself records (``Module.changed``)."""
 
-    module: Module
-    pairs: tuple[AsyncPair, ...] = ()
-    assignment: StreamAssignment | None = None
-    facts: set[Fact] = field(default_factory=set)
+    def __init__(self, module: Module) -> None:
+        self.module = module
+        self.pairs: tuple[AsyncPair, ...] = ()
+        self.assignment: StreamAssignment | None = None
+        self.facts: set[Fact] = set()
 
 
 class PipelineError(Exception):
     """A pipeline that cannot be built or run as written (not bad HLO input)."""
 
 
-@dataclass(frozen=True)
 class ModulePass:
-    """Base of all passes; each is listed by name in ``xla_streams.pipeline.PASSES``."""
+    """Base of all passes; each is listed by name in ``xla_streams.pipeline.PASSES``.
+
+    Each pass is a frozen dataclass; the base is a plain class, so that the command
+    line loads ``dataclasses`` only when it loads a pass."""
 
     name: ClassVar[str]
     requires: ClassVar[frozenset[Fact]] = frozenset()

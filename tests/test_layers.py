@@ -51,6 +51,13 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("xla_streams.cli", "xla_streams.cli.calibrate"): "start-up: the simulator, for calibrate",
     ("xla_streams.cli", "xla_streams.cli.tune"): "start-up: the tuner, for tune",
     ("xla_streams.cli.opt", "xla_streams.report"): "start-up: opt writes no report (10 ms)",
+    ("xla_streams.__main__", "xla_streams.cli"): "start-up: imported with the collector off",
+    ("xla_streams.cli", "xla_streams.streams"): (
+        "start-up: the analyses (and dataclasses), when a command failed verification only"
+    ),
+    ("xla_streams.pipeline", "xla_streams.streams"): (
+        "start-up: the analyses (and dataclasses), when a pass failed verification only"
+    ),
     ("xla_streams.plugin.hook", "xla_streams.report"): "reports: with a report directory only",
     ("xla_streams.plugin.hook", "xla_streams.simulate.measured"): "the simulator: HTML only",
     ("xla_streams.plugin.hook", "xla_streams.simulate.visual"): "the simulator: HTML only",

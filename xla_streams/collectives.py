@@ -9,9 +9,8 @@ analyses of a module: :mod:`xla_streams.streams`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from xla_streams.hlo import Instruction, Module
 from xla_streams.hlo.attributes import (
@@ -50,8 +49,7 @@ def check_streams(value: object) -> int:
         ) from None
 
 
-@dataclass(frozen=True)
-class CollectiveKind:
+class CollectiveKind(NamedTuple):
     """What the code knows about one kind of collective; :data:`KINDS` has them all.
 
     Adding a kind is one row here, plus whatever is truly new about it (a cost
@@ -120,8 +118,7 @@ SYNC_PAIR_STREAM = 0
 Lane = Literal["communication", "compute", "p2p"]
 
 
-@dataclass(frozen=True)
-class StreamModel:
+class StreamModel(NamedTuple):
     """Where XLA runs each collective, given how the module was compiled.
 
     The one place that says it (measured with XLA's thunk-sequence dumps,

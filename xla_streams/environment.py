@@ -14,7 +14,6 @@ the program on it, as on a bad value, when it is on (it warns when it is off).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -46,12 +45,14 @@ LOG_LEVELS: tuple[LogLevel, ...] = ("warning", "info", "debug")
 # A default of None: unset (the help says what that means).
 
 
-def _variable(name: str, default: Any, reader: Reader[Any], help: str) -> Option[Any]:
-    return Option(name, default, help, reader, env=ENV_PREFIX + name.upper())
+def _variable(
+    name: str, default: Any, reader: Reader[Any], help: str, flag: str = ""
+) -> Option[Any]:
+    return Option(name, default, help, reader, env=ENV_PREFIX + name.upper(), flag=flag)
 
 
 def _setting(name: str, default: Any, reader: Reader[Any], help: str) -> Option[Any]:
-    return dataclasses.replace(_variable(name, default, reader, help), flag=FLAG_PREFIX + name)
+    return _variable(name, default, reader, help, FLAG_PREFIX + name)
 
 
 _FILE = path(must_be="file", absolute=True)

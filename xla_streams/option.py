@@ -24,11 +24,8 @@ Options of a dataclass (``TuneOptions``, a pass) are its fields, declared with
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import os
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 # Where a value comes from: the source decides how the option is spelled and how
@@ -44,20 +41,36 @@ class OptionError(ValueError):
         self.option = option
 
 
-@dataclass(frozen=True)
 class Reader[T]:
     """How an option's values are read (``read``: text as typed) and checked
     (``check``: a Python value), each returning the value in its one spelling (a
     tuple for a sequence, a choice in lower case) or raising ValueError saying what
     was expected; ``takes`` says it in words, ``metavar`` stands for a value in
-    usage lines, ``show`` writes a value as a user types it."""
+    usage lines, ``show`` writes a value as a user types it; ``switch``: a flag that
+    needs no value (--name, --noname).
 
-    takes: str
-    read: Callable[[str], T]
-    check: Callable[[Any], T]
-    metavar: str
-    show: Callable[[Any], str] = str
-    switch: bool = False  # a flag that needs no value: --name, --noname
+    Readers and options are made once, at import, and never changed. Plain classes,
+    not dataclasses: ``xla-streams opt`` declares its flags with them and starts
+    without loading ``dataclasses``, which loads ``inspect``: about 8 ms of every start.
+    """
+
+    __slots__ = ("check", "metavar", "read", "show", "switch", "takes")
+
+    def __init__(
+        self,
+        takes: str,
+        read: Callable[[str], T],
+        check: Callable[[Any], T],
+        metavar: str,
+        show: Callable[[Any], str] = str,
+        switch: bool = False,
+    ) -> None:
+        self.takes = takes
+        self.read = read
+        self.check = check
+        self.metavar = metavar
+        self.show = show
+        self.switch = switch
 
 
 def ascii_integer(text: str, *, signed: bool = True, most_digits: int = 18) -> int:
@@ -111,9 +124,12 @@ def integer(
     return Reader(takes, read, check, metavar)
 
 
+_INFINITY = float("inf")  # not math's: math is one more module at every start
+
+
 def number(
-    lowest: float = -math.inf,
-    highest: float = math.inf,
+    lowest: float = -_INFINITY,
+    highest: float = _INFINITY,
     *,
     takes: str,
     above: bool = False,
@@ -127,7 +143,7 @@ def number(
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise _expected(takes)
         if not (
-            math.isfinite(value)
+            -_INFINITY < value < _INFINITY  # finite: NaN compares false
             and (lowest < value if above else lowest <= value)
             and (value < highest if below else value <= highest)
         ):
@@ -306,20 +322,34 @@ def optional[T](
 # -- the declaration ------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
 class Option[T]:
     """One option: ``name`` (its keyword, and its name in a pipeline spec), its
     default, its help (a sentence), its reader, and where it has them its environment
-    variable (``env``), its command-line flag (``flag``, without dashes) and that
-    flag's one-letter name (``short``)."""
+    variable (``env``), its command-line flag (``flag``, without dashes; "": the name
+    with dashes) and that flag's one-letter name (``short``)."""
 
-    name: str
-    default: T
-    help: str
-    reader: Reader[T]
-    env: str | None = None
-    flag: str = ""  # "": the name with dashes
-    short: str | None = None
+    __slots__ = ("default", "env", "flag", "help", "name", "reader", "short")
+
+    def __init__(
+        self,
+        name: str,
+        default: T,
+        help: str,
+        reader: Reader[T],
+        env: str | None = None,
+        flag: str = "",
+        short: str | None = None,
+    ) -> None:
+        self.name = name
+        self.default = default
+        self.help = help
+        self.reader = reader
+        self.env = env
+        self.flag = flag
+        self.short = short
+
+    def __repr__(self) -> str:
+        return f"Option({self.name!r}, default={self.default!r})"
 
     @property
     def flag_name(self) -> str:
@@ -406,12 +436,15 @@ def suggestion(name: str, known: Collection[str], prefix: str = "") -> str:
 
 
 # -- options as the fields of a dataclass ---------------------------------------------
+# (``dataclasses`` is imported where it is used: see Reader.)
 
 _OPTION = "xla_streams.option"
 
 
 def option[T](default: T, reader: Reader[T], help: str, *, flag: str = "") -> Any:
     """A dataclass field that is an option (its name is the field's)."""
+    import dataclasses
+
     declared = Option("", default, help, reader, flag=flag)
     return dataclasses.field(default=default, metadata={_OPTION: declared})
 
@@ -424,12 +457,16 @@ def options_of(cls: type) -> dict[str, Option[Any]]:
     TypeError for a field declared otherwise."""
     found = _OPTIONS_OF.get(cls)
     if found is None:
+        import dataclasses
+
         found = {}
         for f in dataclasses.fields(cls):
             declared = f.metadata.get(_OPTION)
             if declared is None:
                 raise TypeError(f"{cls.__name__}.{f.name} is not declared with option()")
-            found[f.name] = dataclasses.replace(declared, name=f.name)
+            found[f.name] = Option(
+                f.name, declared.default, declared.help, declared.reader, flag=declared.flag
+            )
         _OPTIONS_OF[cls] = found
     return found
 

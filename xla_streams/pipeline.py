@@ -12,19 +12,16 @@ name the pass that failed or the pass that would provide a missing fact.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from xla_streams.collectives import DEFAULT_POLICY, Policy, StreamModel
 from xla_streams.hlo import HloError, Module
 from xla_streams.option import OptionError, options_of, suggestion
 from xla_streams.passes.base import Compilation, Fact, ModulePass, PipelineError
-from xla_streams.streams import VerificationError
 
 
 def _lazy(module: str, cls: str) -> Callable[[], type[ModulePass]]:
@@ -50,6 +47,12 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
 
 def register[PassT: type[ModulePass]](cls: PassT) -> PassT:
     """Add a pass defined outside ``passes/`` (a user's own, a test's) under its name."""
+    params = getattr(cls, "__dataclass_params__", None)  # what @dataclass(...) was given
+    if params is None or not params.frozen:
+        raise PipelineError(
+            f"pass '{cls.name}' is not a frozen dataclass: a pass's options "
+            "are its fields, fixed once it is made (@dataclass(frozen=True))"
+        )
     if cls.name in PASSES:
         raise PipelineError(f"two passes are named '{cls.name}'")
     PASSES[cls.name] = lambda: cls
@@ -70,8 +73,7 @@ def pass_class(name: str) -> type[ModulePass]:
 _PASS_NAME = re.compile(r"[a-z][a-z0-9-]*")
 
 
-@dataclass(frozen=True)
-class SpecItem:
+class SpecItem(NamedTuple):
     """One pass of a spec: its name and the options it writes (typed as the pass's
     fields are)."""
 
@@ -79,8 +81,7 @@ class SpecItem:
     options: Mapping[str, Any]
 
 
-@dataclass(frozen=True)
-class PipelineSpec:
+class PipelineSpec(NamedTuple):
     """A pipeline spec, parsed and checked once against the passes and their options;
     :meth:`build` then gives its passes, with options it does not write taken from
     typed defaults (the plugin's settings)."""
@@ -105,7 +106,7 @@ class PipelineSpec:
         passes = []
         for item in self.items:
             pass_cls = pass_class(item.name)
-            fields = {f.name for f in dataclasses.fields(pass_cls)}
+            fields = options_of(pass_cls)
             given = {k: v for k, v in (defaults or {}).get(item.name, {}).items() if k in fields}
             passes.append(_construct(pass_cls, {**given, **item.options}))
         return passes
@@ -199,13 +200,17 @@ def _construct(cls: type[ModulePass], options: Mapping[str, Any]) -> ModulePass:
         raise PipelineError(f"pass '{cls.name}': {e}") from None
 
 
-@dataclass
 class PassManager:
     """Runs passes in order, checking each one's requires/ensures; records timings."""
 
-    passes: list[ModulePass]
-    print_after_all: Callable[[ModulePass, Module], None] | None = None
-    timings: list[tuple[str, float]] = field(default_factory=list)
+    def __init__(
+        self,
+        passes: list[ModulePass],
+        print_after_all: Callable[[ModulePass, Module], None] | None = None,
+    ) -> None:
+        self.passes = passes
+        self.print_after_all = print_after_all
+        self.timings: list[tuple[str, float]] = []
 
     @classmethod
     def from_spec(cls, spec: str, **kwargs: Any) -> PassManager:
@@ -225,9 +230,14 @@ class PassManager:
             begin = time.perf_counter()
             try:
                 p.run(compilation)
-            except (HloError, VerificationError, PipelineError):
+            except (HloError, PipelineError):
                 raise
             except Exception as e:
+                # Imported here: only a pass that loaded the analyses can have raised it.
+                from xla_streams.streams import VerificationError
+
+                if isinstance(e, VerificationError):
+                    raise
                 raise PipelineError(f"pass '{p.name}' failed: {type(e).__name__}: {e}") from e
             self.timings.append((p.name, time.perf_counter() - begin))
             compilation.facts |= p.ensures
@@ -277,7 +287,7 @@ def build_pipeline(
     """
     model = model or StreamModel()
     ffi = runtime in ("host", "cuda")
-    model = dataclasses.replace(model, ffi=ffi)
+    model = model._replace(ffi=ffi)
     options: dict[str, dict[str, Any]] = {
         "find-async-pairs": {
             "overlap_limit": model.overlap_limit,

@@ -460,6 +460,59 @@ def test_import_time_has_no_jax() -> None:
     assert not [m for m in modules if m.split(".")[0] in HEAVY]
 
 
+# What `opt` with no pass (parse, check, print) must not import either: each of these is
+# a share of its run on a large module (tools/bench.py's opt-net). dataclasses loads
+# inspect (ast, dis, tokenize); the analyses load dataclasses; textwrap is for help.
+NOT_FOR_PARSE_AND_PRINT = ("dataclasses", "inspect", "textwrap", "math", "xla_streams.streams")
+PARSE_AND_PRINT = textwrap.dedent(
+    f"""
+    import sys
+    from xla_streams import cli
+    code = cli.main(sys.argv[1:])
+    assert code == 0, code
+    loaded = sorted(m for m in {NOT_FOR_PARSE_AND_PRINT!r} if m in sys.modules)
+    assert not loaded, loaded
+    """
+)
+
+
+def test_opt_without_passes_loads_no_dataclasses_and_no_analysis(tmp_path: Path) -> None:
+    argv = ["opt", str(TEXT), "-p", "", "-o", str(tmp_path / "out.hlo")]
+    result = subprocess.run([sys.executable, "-c", PARSE_AND_PRINT, *argv],
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out.hlo").read_text() == TEXT.read_text()
+
+
+GC_AFTER_RUN = textwrap.dedent(
+    """
+    import gc, sys
+    sys.argv = ["xla-streams", *sys.argv[1:]]
+    from xla_streams.__main__ import main
+    try:
+        main()
+    except SystemExit:
+        pass
+    sys.stderr.write(f"collector on: {gc.isenabled()}\\n")
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("args", "collecting"),
+    [(["opt", "--help"], False), (["tune", "--help"], True), (["demo", "--help"], True)],
+    ids=["text-command", "tune", "demo"],
+)  # fmt: skip
+def test_the_console_script_collects_garbage_only_for_commands_that_import_jax(
+    args: list[str], collecting: bool
+) -> None:
+    # The script imports the command line with the collector off (__main__.py); a
+    # command that loads JAX and compiles must get it back, a text command runs without.
+    result = subprocess.run([sys.executable, "-c", GC_AFTER_RUN, *args],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert f"collector on: {collecting}" in result.stderr, result.stderr
+
+
 # -- demo dispatch ---------------------------------------------------------------------
 
 

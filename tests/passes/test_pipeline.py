@@ -12,7 +12,7 @@ from conftest import hlo_module
 
 from xla_streams.hlo import Module, parse_module
 from xla_streams.passes.base import Compilation, Fact, ModulePass, PipelineError
-from xla_streams.pipeline import PASSES, PassManager, parse_pipeline, pass_class
+from xla_streams.pipeline import PASSES, PassManager, parse_pipeline, pass_class, register
 
 MODULE = hlo_module(
     "HloModule m, is_scheduled=true, num_partitions=2",
@@ -138,6 +138,22 @@ def test_an_internal_failure_names_the_pass() -> None:
     manager = PassManager([_Broken()])
     with pytest.raises(PipelineError, match="pass 'broken-for-test' failed: KeyError"):
         manager.run(Compilation(parse_module(MODULE)))
+
+
+class _Loose(ModulePass):  # no @dataclass: no fields, nothing to read its options from
+    name = "loose-for-test"
+
+
+@dataclass
+class _Mutable(ModulePass):
+    name = "mutable-for-test"
+
+
+@pytest.mark.parametrize("cls", [_Loose, _Mutable], ids=["plain-class", "not-frozen"])
+def test_only_a_frozen_dataclass_registers_as_a_pass(cls: type[ModulePass]) -> None:
+    with pytest.raises(PipelineError, match=f"pass '{cls.name}' is not a frozen dataclass"):
+        register(cls)
+    assert cls.name not in PASSES
 
 
 def test_ensures_is_checked_after_the_pass() -> None:

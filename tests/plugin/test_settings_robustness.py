@@ -10,7 +10,6 @@ without a tune result.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -26,6 +25,7 @@ import pytest
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before anything imports JAX
 
 from xla_streams import plugin, xla_options
+from xla_streams.option import Option, Reader
 from xla_streams.plugin import settings
 from xla_streams.plugin.settings import Config, ConfigError
 
@@ -93,7 +93,11 @@ def test_an_unexpected_error_in_a_parser_names_the_variable(
         raise RecursionError("maximum recursion depth exceeded")
 
     policy = settings.BY_NAME["policy"]
-    broken = dataclasses.replace(policy, reader=dataclasses.replace(policy.reader, read=explode))
+    r = policy.reader
+    broken = Option(
+        policy.name, policy.default, policy.help, Reader(r.takes, explode, r.check, r.metavar),
+        env=policy.env, flag=policy.flag,
+    )  # fmt: skip
     monkeypatch.setitem(settings.BY_NAME, "policy", broken)
     with pytest.raises(ConfigError) as e:
         Config.from_env(env(collective_streams="2", policy="interval"))

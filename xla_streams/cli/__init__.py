@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import gc
 import sys
-import textwrap
 from collections.abc import Sequence
 from typing import Any, NoReturn, TextIO
 
@@ -39,11 +38,11 @@ from xla_streams.cli.command import (
     EXIT_USAGE,
     EXIT_VERIFICATION,
     PROG,
-    WIDTH,
     Args,
     Command,
     UsageError,
     command_help,
+    fill,
     wants_help,
     write_outputs,
 )
@@ -54,7 +53,6 @@ from xla_streams.collectives import STREAM_COUNTS
 from xla_streams.hlo import HloError
 from xla_streams.option import Option, suggestion
 from xla_streams.passes.base import PipelineError
-from xla_streams.streams import VerificationError
 
 
 def _demo_flags() -> list[Option[Any]]:
@@ -260,15 +258,20 @@ def main(
     except HloError as e:
         stderr.write(f"{e}\n")
         return EXIT_USAGE
-    except VerificationError as e:
-        stderr.write(f"{prog}: verification failed: {e}\n")
-        return EXIT_VERIFICATION
     except (UsageError, FlagError) as e:
         stderr.write(f"{prog}: error: {e}\nRun '{prog} --help' for usage.\n")
         return EXIT_USAGE
     except (PipelineError, InputError) as e:
         stderr.write(f"{prog}: error: {e}\n")
         return EXIT_USAGE
+    except Exception as e:
+        # Imported here: only a command that loaded the analyses can have raised it.
+        from xla_streams.streams import VerificationError
+
+        if not isinstance(e, VerificationError):
+            raise
+        stderr.write(f"{prog}: verification failed: {e}\n")
+        return EXIT_VERIFICATION
 
 
 def _main_help() -> str:
@@ -279,7 +282,7 @@ def _main_help() -> str:
         "the same time. The commands read and write HLO text and need no GPU."
     )
     return (
-        f"usage: {PROG} COMMAND [ARGS...]\n\n{textwrap.fill(about, WIDTH)}\n\n"
+        f"usage: {PROG} COMMAND [ARGS...]\n\n{fill(about)}\n\n"
         f"commands:\n{commands}\n\n"
         f"Run '{PROG} COMMAND --help' for a command's arguments and flags.\n"
         "Exit codes: 0 success, 1 the assignment failed verification, 2 bad input or usage.\n"
@@ -287,11 +290,14 @@ def _main_help() -> str:
 
 
 def run() -> NoReturn:
-    """The console script's entry point."""
+    """The command line's entry point (the console script reaches it through
+    ``xla_streams.__main__``)."""
     command = COMMANDS.get(sys.argv[1]) if len(sys.argv) > 1 else None
     text_only = command is not None and command.text_only
     if text_only:
         gc.disable()
+    else:  # the console script imported this with the collector off (__main__.py)
+        gc.enable()
     try:
         code = main()
         sys.stdout.flush()

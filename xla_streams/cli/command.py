@@ -15,10 +15,8 @@ Outputs are written only when the whole command succeeded, each atomically (see
 from __future__ import annotations
 
 import errno
-import textwrap
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 from xla_streams._io import atomic_write_many
 from xla_streams.cli.inputs import STDIO, InputError, os_reason, read_input
@@ -34,20 +32,28 @@ class UsageError(Exception):
     """A command line that cannot be run as written (exit code 2)."""
 
 
-@dataclass
 class Args:
     """What a command gets: its parsed flags, its positional arguments, its streams."""
 
-    command: str
-    flags: dict[str, Any]  # every flag of the command, by name: its value
-    positional: list[str]
-    stdin: TextIO
-    stdout: TextIO
-    stderr: TextIO
-    # (path, text) to write once the command has succeeded; "-" is stdout.
-    outputs: list[tuple[str, str]] = field(default_factory=list)
-    # Text for stderr once the command has succeeded (a table when stdout is taken).
-    messages: list[str] = field(default_factory=list)
+    def __init__(
+        self,
+        command: str,
+        flags: dict[str, Any],
+        positional: list[str],
+        stdin: TextIO,
+        stdout: TextIO,
+        stderr: TextIO,
+    ) -> None:
+        self.command = command
+        self.flags = flags  # every flag of the command, by name: its value
+        self.positional = positional
+        self.stdin = stdin
+        self.stdout = stdout
+        self.stderr = stderr
+        # (path, text) to write once the command has succeeded; "-" is stdout.
+        self.outputs: list[tuple[str, str]] = []
+        # Text for stderr once the command has succeeded (a table when stdout is taken).
+        self.messages: list[str] = []
 
     def flag(self, name: str) -> Any:
         return self.flags[name]
@@ -72,8 +78,7 @@ class Args:
 HLO_INPUT = (("IN.hlo", "Scheduled HLO module text to read; '-' reads standard input."),)
 
 
-@dataclass(frozen=True)
-class Command:
+class Command(NamedTuple):
     summary: str  # one line for `xla-streams --help`
     usage: str  # the arguments after `xla-streams CMD`, and the flags it needs
     run: Callable[[Args], int]
@@ -137,9 +142,8 @@ def usage(name: str, command: Command, table: Sequence[Option[Any]]) -> str:
         else:
             shown.append(f"[{flag.usage(flag.default)}]")
     start = f"usage: {PROG} {name}"
-    return textwrap.fill(
+    return fill(
         " ".join(filter(None, [start, command.usage, *shown])),
-        WIDTH,
         subsequent_indent=" " * (len(start) + 1),
         break_long_words=False,
         break_on_hyphens=False,
@@ -149,7 +153,7 @@ def usage(name: str, command: Command, table: Sequence[Option[Any]]) -> str:
 def command_help(name: str, command: Command, table: Sequence[Option[Any]]) -> str:
     out = [usage(name, command, table), "", command.summary]
     if command.description:
-        out += ["", textwrap.fill(command.description, WIDTH)]
+        out += ["", fill(command.description)]
     if command.arguments:
         out += ["", "arguments:"]
         for argument, text in command.arguments:
@@ -165,6 +169,12 @@ def command_help(name: str, command: Command, table: Sequence[Option[Any]]) -> s
 
 
 def wrap(text: str) -> str:
-    return textwrap.fill(
-        text, WIDTH, initial_indent=_INDENT, subsequent_indent=_INDENT, break_on_hyphens=False
-    )
+    return fill(text, initial_indent=_INDENT, subsequent_indent=_INDENT, break_on_hyphens=False)
+
+
+def fill(text: str, **options: Any) -> str:
+    """``text`` wrapped at WIDTH (``textwrap.fill``'s options); textwrap is loaded for
+    help only, not at every start."""
+    import textwrap
+
+    return textwrap.fill(text, WIDTH, **options)
