@@ -106,8 +106,8 @@ class PipelineSpec(NamedTuple):
         passes = []
         for item in self.items:
             pass_cls = pass_class(item.name)
-            fields = options_of(pass_cls)
-            given = {k: v for k, v in (defaults or {}).get(item.name, {}).items() if k in fields}
+            declared = options_of(pass_cls)  # its fields, all options
+            given = {k: v for k, v in (defaults or {}).get(item.name, {}).items() if k in declared}
             passes.append(_construct(pass_cls, {**given, **item.options}))
         return passes
 
