@@ -24,6 +24,7 @@ from xla_streams.streams import (
     AsyncPair,
     StreamAssignment,
     VerificationError,
+    assign_each,
     assign_streams,
     find_async_pairs,
     max_in_flight,
@@ -443,6 +444,20 @@ def test_any_assignment_verifies(pairs: list[AsyncPair], streams: int, policy: s
         if not p.sync and p.annotation is not None and p.start not in assignment.reassigned:
             assert assignment.stream_of[p.start] == p.annotation < streams, p.start
     verify_streams(pairs, assignment)
+
+
+@settings(max_examples=100, deadline=None)
+@given(random_pairs(), st.lists(st.integers(1, 8), min_size=1, max_size=4, unique=True))
+def test_assigning_many_k_at_once_is_assigning_each_alone(
+    pairs: list[AsyncPair], streams: list[int]
+) -> None:
+    """The what-if and the tuner place every (K, policy) from one finding of the rule's
+    units: no placement may change what the next one sees."""
+    policies = ("round-robin", "interval")
+    together = assign_each(pairs, streams, policies)
+    assert list(together) == [(k, policy) for policy in policies for k in streams]
+    for (k, policy), assignment in together.items():
+        assert assignment == assign_streams(pairs, k, policy)
 
 
 @pytest.mark.slow

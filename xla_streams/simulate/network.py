@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from xla_streams.simulate.cost import CollectiveCost
-from xla_streams.simulate.timeline import SIDE_COMPUTE_LANE, Slice
+from xla_streams.simulate.timeline import COMPUTE_LANE, SIDE_COMPUTE_LANE, Slice
 from xla_streams.streams import AsyncPair
 
 # Relative tolerance when deciding that two event times coincide.
@@ -69,9 +69,11 @@ class Network:
     def __init__(self, share: bool, recorder: Recorder | None) -> None:
         self.share = share
         self.now = 0.0
+        # The lanes with jobs waiting, and those jobs: a lane leaves when its queue empties.
         self.queues: dict[int, deque[Job]] = {}
         self.running: dict[int, Job] = {}
         self.transferring: list[Job] = []
+        self.finished: list[Job] = []  # in the order they finished
         self.usage: dict[int, int] = {}
         self.busy: dict[int, float] = {}
         self.recorder = recorder
@@ -82,17 +84,22 @@ class Network:
         self.hbm = 0.0
         self.changes = 0
         self.queued_collectives = 0  # waiting on their streams (side kernels not counted)
+        # next_event() until an event or a submission changes it (advancing the clock
+        # short of it does not).
+        self._next: float | None = None
 
     def submit(self, job: Job) -> None:
         queue = self.queues.get(job.lane)
         if queue is None:
-            queue = self.queues[job.lane] = deque()
-        queue.append(job)
+            self.queues[job.lane] = deque((job,))
+        else:
+            queue.append(job)
         if job.lane > SIDE_COMPUTE_LANE:
             self.queued_collectives += 1
+        self._next = None
 
     def idle(self) -> bool:
-        return not self.running and not any(self.queues.values())
+        return not self.running and not self.queues
 
     def collectives_pending(self) -> bool:
         """A collective (not a side kernel) is running or queued: compute beside it may
@@ -101,13 +108,18 @@ class Network:
 
     def next_event(self) -> float:
         """When the next collective starts, ends its latency or finishes (inf: never)."""
+        if self._next is not None:
+            return self._next
         t_next = math.inf
         now = self.now
+        running = self.running
         for lane, queue in self.queues.items():
-            if queue and lane not in self.running:
-                t_next = min(t_next, max(now, queue[0].ready))
-        for job in self.running.values():
+            if lane not in running:
+                ready = queue[0].ready
+                t_next = min(t_next, ready if ready > now else now)
+        for job in running.values():
             t_next = min(t_next, job.finish_at if job.transferring else job.latency_end)
+        self._next = t_next
         return t_next
 
     def run(self, until_time: float = math.inf, until_job: Job | None = None) -> None:
@@ -150,9 +162,12 @@ class Network:
                 self._start_transfer(job)
                 changed = True
         # Idle streams take their next collective.
+        emptied = []
         for lane, queue in self.queues.items():
-            if queue and lane not in self.running and queue[0].ready <= limit:
+            if lane not in self.running and queue[0].ready <= limit:
                 job = queue.popleft()
+                if not queue:
+                    emptied.append(lane)
                 if lane > SIDE_COMPUTE_LANE:
                     self.queued_collectives -= 1
                 job.begin = t
@@ -165,8 +180,11 @@ class Network:
                         changed = True
                     else:
                         self._finish(job, t)
+        for lane in emptied:
+            del self.queues[lane]
         if changed:
             self._rates()
+        self._next = None
 
     def _start_transfer(self, job: Job) -> None:
         job.transferring = True
@@ -186,6 +204,7 @@ class Network:
             for r in job.spec.cost.resources:
                 self.usage[r] -= 1
         self.busy[job.lane] = self.busy.get(job.lane, 0.0) + (t - job.begin)
+        self.finished.append(job)
         if self.recorder is not None:
             self.recorder.collective(job)
 
@@ -218,6 +237,16 @@ class Recorder:
             self.slices.append(item)
         else:
             self.truncated = True
+
+    def wait(self, job: Job, at: float, waited: float, kind: str) -> None:
+        """The compute stream blocked from ``at`` for ``waited`` seconds on ``job``."""
+        self.add(
+            Slice(
+                COMPUTE_LANE, f"wait {job.spec.name}", kind, at, waited,
+                {"kind": "wait", "collective": job.spec.name,
+                 "predicted_us": round(waited * 1e6, 3)},
+            )
+        )  # fmt: skip
 
     def collective(self, job: Job) -> None:
         spec = job.spec

@@ -56,6 +56,9 @@ class Replay:
         self.interference = interference and compiled.target.interference
         self.in_flight: dict[int, Job] = {}
         self.fired: list[Job] = []
+        # (collective, when, how long) of each wait of the compute stream on a collective
+        # it waited for: what a collective timeline (Simulator.collective_timeline) draws.
+        self.waits: list[tuple[Job, float, float, str]] = []
         # (f_mat, f_mem) for the network's state after ``_changes`` events.
         self._factors = (1.0, 1.0)
         self._changes = -1
@@ -187,14 +190,10 @@ class Replay:
             waited = job.end - self.t
             if exposed:
                 self.exposed += waited
-            if self.recorder is not None and wait_kind is not None:
-                self.recorder.add(
-                    Slice(
-                        COMPUTE_LANE, f"wait {job.spec.name}", wait_kind, self.t, waited,
-                        {"kind": "wait", "collective": job.spec.name,
-                         "predicted_us": round(waited * 1e6, 3)},
-                    )
-                )  # fmt: skip
+            if wait_kind is not None:
+                self.waits.append((job, self.t, waited, wait_kind))
+                if self.recorder is not None:
+                    self.recorder.wait(job, self.t, waited, wait_kind)
             self.t = job.end
 
     def _loop(self, step: Step) -> None:

@@ -67,11 +67,11 @@ same schedule in lockstep.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 from xla_streams.collectives import SYNC_PAIR_STREAM
 from xla_streams.simulate.compiler import CompiledModule
-from xla_streams.simulate.network import Recorder
+from xla_streams.simulate.network import Job, Recorder
 from xla_streams.simulate.replay import DYNAMIC_LANE, Replay
 from xla_streams.simulate.timeline import (
     COMPUTE_LANE,
@@ -85,9 +85,19 @@ from xla_streams.streams import AsyncPair, StreamAssignment, tied_units
 LOWER_BOUND_LABEL = "lower bound (unbounded streams, ignoring the deadlock rule)"
 RULE_BOUND_LABEL = "rule bound (a stream for each group the deadlock rule ties)"
 MAX_RECORDED_SLICES = 200_000
-# What a replay adds up: step time, compute busy, exposed communication, busy time per
-# lane, work profiled, work modelled.
-_Replayed = tuple[float, float, float, dict[int, float], float, float]
+
+
+class _Replayed(NamedTuple):
+    """What a replay adds up, and the collectives and waits a collective timeline draws."""
+
+    step_time: float
+    compute_busy: float
+    exposed: float
+    lane_busy: dict[int, float]
+    profiled: float
+    modeled: float
+    finished: list[Job]  # the collectives, in the order they finished
+    waits: list[tuple[Job, float, float, str]]  # Replay.waits
 
 
 class Simulator(CompiledModule):
@@ -123,14 +133,18 @@ class Simulator(CompiledModule):
         )
 
     def collective_timeline(self, assignment: StreamAssignment) -> SimResult:
-        """``run(assignment, record=True)`` with only the collectives' and the waits'
-        slices: what explaining a prediction needs, at a fraction of the cost."""
-        return self._result(
-            self._lanes(assignment),
-            share=True,
-            interference=True,
-            record=True,
-            compute_slices=False,
+        """``run(assignment)`` with the collectives' slices (in the order they finished)
+        and then the waits' slices: what explaining a prediction needs, drawn from the
+        replay ``run`` made (every replay keeps its collectives and waits), not another."""
+        outcome = self._outcome(self._lanes(assignment), share=True, interference=True)
+        recorder = Recorder(MAX_RECORDED_SLICES, compute=False)
+        for job in outcome.finished:
+            recorder.collective(job)
+        for job, at, waited, kind in outcome.waits:
+            recorder.wait(job, at, waited, kind)
+        return self._as_result(
+            outcome,
+            recorder,
             label=f"K={assignment.streams} {assignment.policy}",
             streams=assignment.streams,
             policy=assignment.policy,
@@ -200,40 +214,63 @@ class Simulator(CompiledModule):
         label: str,
         streams: int | None,
         policy: str | None,
-        compute_slices: bool = True,
     ) -> SimResult:
-        recorder = Recorder(MAX_RECORDED_SLICES, compute_slices) if record else None
-        # Different (K, policy) often give the same streams: replay each once.
+        recorder = Recorder(MAX_RECORDED_SLICES) if record else None
+        outcome = self._outcome(lanes, share=share, interference=interference, recorder=recorder)
+        return self._as_result(outcome, recorder, label=label, streams=streams, policy=policy)
+
+    def _outcome(
+        self,
+        lanes: list[int],
+        *,
+        share: bool,
+        interference: bool,
+        recorder: Recorder | None = None,
+    ) -> _Replayed:
+        """The replay on ``lanes``: with a ``recorder``, a new one drawing every slice,
+        else the one made before with the same lanes if any (different (K, policy) often
+        give the same streams)."""
         key = (share, interference, *lanes)
-        outcome = None if record else self._outcomes.get(key)
-        if outcome is None:
-            replay = Replay(self, lanes, share=share, recorder=recorder, interference=interference)
-            whole = record and compute_slices
-            replay.program(self.entry.steps if whole else self.merged_entry)
-            replay.finish()
-            lane_busy = dict(sorted(replay.network.busy.items()))
-            lane_busy[COMPUTE_LANE] = replay.compute_busy
-            outcome = (
-                replay.t, replay.compute_busy, replay.exposed, lane_busy,
-                replay.profiled, replay.modeled,
-            )  # fmt: skip
-            if not record:
-                self._outcomes[key] = outcome
-        step_time, compute_busy, exposed, lane_busy, profiled, modeled = outcome
+        outcome = None if recorder is not None else self._outcomes.get(key)
+        if outcome is not None:
+            return outcome
+        replay = Replay(self, lanes, share=share, recorder=recorder, interference=interference)
+        replay.program(self.entry.steps if recorder is not None else self.merged_entry)
+        replay.finish()
+        lane_busy = dict(sorted(replay.network.busy.items()))
+        lane_busy[COMPUTE_LANE] = replay.compute_busy
+        outcome = _Replayed(
+            replay.t, replay.compute_busy, replay.exposed, lane_busy, replay.profiled,
+            replay.modeled, replay.network.finished, replay.waits,
+        )  # fmt: skip
+        if recorder is None:
+            self._outcomes[key] = outcome
+        return outcome
+
+    def _as_result(
+        self,
+        outcome: _Replayed,
+        recorder: Recorder | None,
+        *,
+        label: str,
+        streams: int | None,
+        policy: str | None,
+    ) -> SimResult:
+        lane_busy = outcome.lane_busy
         side = sum(busy for lane, busy in lane_busy.items() if lane <= SIDE_COMPUTE_LANE)
         return SimResult(
             label=label,
             streams=streams,
             policy=policy,
-            step_time=step_time,
-            compute_time=compute_busy,
-            exposed_communication=exposed,
+            step_time=outcome.step_time,
+            compute_time=outcome.compute_busy,
+            exposed_communication=outcome.exposed,
             lane_busy=dict(lane_busy),
             notes=list(self.notes),
             slices=recorder.slices if recorder is not None else None,
             truncated=recorder.truncated if recorder is not None else False,
             configs=() if streams is None or policy is None else ((streams, policy),),
             side_compute_time=side,
-            profiled_time=profiled,
-            modeled_time=modeled,
+            profiled_time=outcome.profiled,
+            modeled_time=outcome.modeled,
         )

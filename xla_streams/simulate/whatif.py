@@ -15,7 +15,7 @@ from xla_streams.simulate.network import CollectiveSpec
 from xla_streams.simulate.simulator import Simulator
 from xla_streams.simulate.targets import Target
 from xla_streams.simulate.timeline import COMPUTE_LANE, SimResult, lane_name
-from xla_streams.streams import AsyncPair, StreamAssignment, assign_streams
+from xla_streams.streams import AsyncPair, StreamAssignment, assign_each
 
 
 @dataclass(frozen=True)
@@ -102,13 +102,13 @@ def what_if(
         say(f"cost model: {module.name}")
         simulator = Simulator(module, target, pairs, model=model, progress=progress)
     results: dict[tuple[int, str], SimResult] = {}
-    assignments: dict[tuple[int, str], StreamAssignment] = {}
-    for policy in policies:
-        for k in streams:
-            say(f"simulating K={k} {policy}")
-            assignment = assign_streams(simulator.pairs, k, policy)
-            assignments[(k, policy)] = assignment
-            results[(k, policy)] = simulator.run(assignment)
+    assignments: dict[tuple[int, str], StreamAssignment] = {
+        key: assignment
+        for key, assignment in assign_each(simulator.pairs, streams, policies).items()
+    }
+    for (k, policy), assignment in assignments.items():
+        say(f"simulating K={k} {policy}")
+        results[(k, policy)] = simulator.run(assignment)
     say("splitting each K's change into queueing, bandwidth sharing and interference")
     ends = {key: _ends(simulator, a, results[key]) for key, a in assignments.items()}
     full, calm, free = ends[(streams[0], policies[0])]

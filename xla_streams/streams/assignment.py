@@ -31,7 +31,7 @@ of a multi-host job computes the same assignment.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from xla_streams.collectives import POLICIES, SYNC_PAIR_STREAM, Policy, check_streams
@@ -67,11 +67,36 @@ class StreamAssignment:
 def assign_streams(pairs: Sequence[AsyncPair], streams: int, policy: Policy) -> StreamAssignment:
     """The stream of each of ``pairs``, as this module's docstring says; RuleWorkExceeded
     where the deadlock rule runs past its work budget."""
-    check_streams(streams)
-    if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}")
+    return assign_each(pairs, (streams,), (policy,))[(streams, policy)]
+
+
+def assign_each(
+    pairs: Sequence[AsyncPair], streams: Iterable[int], policies: Iterable[Policy]
+) -> dict[tuple[int, Policy], StreamAssignment]:
+    """:func:`assign_streams` for every K in ``streams`` under every policy, by (K,
+    policy); the deadlock rule's units, which depend on the pairs alone, found once."""
+    streams, policies = tuple(streams), tuple(policies)
+    for k in streams:
+        check_streams(k)
+    for policy in policies:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}")
     placed = [p for p in pairs if p.needs_stream]
     units = tied_units(placed)
+    return {
+        (k, policy): _place(pairs, placed, units, k, policy) for policy in policies for k in streams
+    }
+
+
+def _place(
+    pairs: Sequence[AsyncPair],
+    placed: list[AsyncPair],
+    units: list[list[AsyncPair]],
+    streams: int,
+    policy: Policy,
+) -> StreamAssignment:
+    """The assignment of ``units`` (of the ``placed`` pairs among ``pairs``) to
+    ``streams`` streams under ``policy``."""
     reassigned: dict[str, str] = {}
     pins = [_pin(unit, streams, reassigned) for unit in units]
     busy_until = [0] * streams  # done time of the last unit on each stream
