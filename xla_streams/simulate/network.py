@@ -1,9 +1,11 @@
 """The collective streams as the replay runs them (the model: ``simulator.py``): FIFO
 queues, a latency phase and then a transfer that shares link bandwidth with the others in
-flight (processor sharing); and the recorder of a timeline's slices."""
+flight (processor sharing); the same streams without sharing, where no event needs
+processing; and the recorder of a timeline's slices."""
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -100,6 +102,10 @@ class Network:
 
     def idle(self) -> bool:
         return not self.running and not self.queues
+
+    def lane_busy(self, lane: int) -> bool:
+        """A job runs or waits on ``lane`` now."""
+        return lane in self.running or lane in self.queues
 
     def collectives_pending(self) -> bool:
         """A collective (not a side kernel) is running or queued: compute beside it may
@@ -221,6 +227,67 @@ class Network:
             job.finish_at = now + job.remaining / job.rate if job.rate > 0 else math.inf
             hbm += job.rate * cost.hbm_per_byte
         self.hbm = hbm
+
+
+class UnsharedNetwork:
+    """The collective streams when no link is shared: each collective takes its
+    standalone time (latency, then its wire bytes at its bandwidth), so a stream is a
+    FIFO queue whose next collective begins at the later of its issue and the end of
+    the one before: known when it is issued. What the clock passes finishes, in order
+    of end (as :class:`Network` finishes it). What the replay's bounds and its
+    replays without sharing or interference run on; the same answers as a
+    :class:`Network` with ``share=False``, with no events to process."""
+
+    def __init__(self, recorder: Recorder | None) -> None:
+        self.now = 0.0
+        self.busy: dict[int, float] = {}
+        self.finished: list[Job] = []
+        self.recorder = recorder
+        self._lane_end: dict[int, float] = {}
+        self._ending: list[tuple[float, int, Job]] = []  # (end, issue order, job): a heap
+        self._issued = 0
+
+    def submit(self, job: Job) -> None:
+        cost = job.spec.cost
+        begin = max(job.ready, self._lane_end.get(job.lane, 0.0))
+        job.begin = begin
+        job.latency_end = begin + cost.latency
+        end = job.latency_end
+        if job.remaining > 0:
+            end += job.remaining / cost.bandwidth if cost.bandwidth > 0 else math.inf
+        self._lane_end[job.lane] = end
+        heapq.heappush(self._ending, (end, self._issued, job))
+        self._issued += 1
+
+    def idle(self) -> bool:
+        return not self._ending
+
+    def lane_busy(self, lane: int) -> bool:
+        """A job runs or waits on ``lane`` now."""
+        return self._lane_end.get(lane, -math.inf) > self.now
+
+    def run(self, until_time: float = math.inf, until_job: Job | None = None) -> None:
+        """Finish what ends by ``until_time``, or until ``until_job`` has finished."""
+        ending = self._ending
+        while until_job is None or until_job.end is None:
+            if not ending or (until_job is None and ending[0][0] > until_time):
+                break
+            end, _, job = ending[0]
+            if end == math.inf:
+                break
+            heapq.heappop(ending)
+            self.now = max(self.now, end)
+            job.end = end
+            job.remaining = 0.0
+            self.busy[job.lane] = self.busy.get(job.lane, 0.0) + (end - job.begin)
+            self.finished.append(job)
+            if self.recorder is not None:
+                self.recorder.collective(job)
+        if until_job is not None:
+            if until_job.end is None:
+                raise RuntimeError(f"collective '{until_job.spec.name}' can never finish")
+        elif until_time < math.inf:
+            self.now = max(self.now, until_time)
 
 
 class Recorder:

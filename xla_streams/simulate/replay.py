@@ -16,7 +16,7 @@ from xla_streams.simulate.compiler import (
     Step,
 )
 from xla_streams.simulate.interference import factors, slowdown
-from xla_streams.simulate.network import CollectiveSpec, Job, Network, Recorder
+from xla_streams.simulate.network import CollectiveSpec, Job, Network, Recorder, UnsharedNetwork
 from xla_streams.simulate.timeline import COMPUTE_LANE, OWN_STREAM_LANE, P2P_LANE, Slice
 
 # A compute kernel: its seconds alone, of which bound by the matrix units, by HBM.
@@ -44,7 +44,11 @@ class Replay:
         target turns it off)."""
         self.specs = compiled.specs
         self.lanes = lanes
-        self.network = Network(share, recorder)
+        self.interference = interference and compiled.target.interference
+        # Nothing shared and nothing slowed: each collective takes its standalone time.
+        self.network: Network | UnsharedNetwork = (
+            Network(share, recorder) if share or self.interference else UnsharedNetwork(recorder)
+        )
         self.recorder = recorder
         self.t = 0.0
         self.compute_busy = 0.0
@@ -53,7 +57,6 @@ class Replay:
         self.modeled = 0.0
         self.target = compiled.target
         self.errors = compiled.errors
-        self.interference = interference and compiled.target.interference
         self.in_flight: dict[int, Job] = {}
         self.fired: list[Job] = []
         # (collective, when, how long) of each wait of the compute stream on a collective
@@ -79,10 +82,13 @@ class Replay:
 
         The network is advanced only when a kernel reaches its next event (a collective
         starting, ending its latency or finishing): between events the factors hold."""
+        if not self.interference:
+            return seconds
         network = self.network
+        assert isinstance(network, Network)  # interference runs on the event network
         # Nothing in flight or queued: nothing can start before the compute ends (and
         # running the network up to now would not change that).
-        if not (self.interference and network.collectives_pending()):
+        if not network.collectives_pending():
             return seconds
         network.run(until_time=self.t)
         if not network.collectives_pending():
@@ -176,7 +182,7 @@ class Replay:
         network = self.network
         network.run(until_time=self.t)
         lane = OWN_STREAM_LANE
-        while lane in network.running or network.queues.get(lane):
+        while network.lane_busy(lane):
             lane += 1
         return lane
 
@@ -204,7 +210,9 @@ class Replay:
             network.run(until_time=self.t)
             idle_before = network.idle() and not self.in_flight
             # Compute beside a collective is slowed: such an iteration is no template.
-            slowed = self.interference and network.collectives_pending()
+            slowed = (
+                self.interference and isinstance(network, Network) and network.collectives_pending()
+            )
             before = (
                 self.t, self.compute_busy, self.exposed, dict(network.busy), self.profiled,
                 self.modeled,
