@@ -199,6 +199,12 @@ class Instruction:
 
         ``%t#1`` names ``t``: the instruction whose result holds the operand.
         """
+        if self.opcode not in NO_OPERANDS:
+            # The plain list of _operand_refs, without its offsets: the cost model asks
+            # this of every instruction of every fused computation.
+            source, start, end = self.source, self._operands_start, self._operands_span_end()
+            if _PLAIN_OPERANDS.fullmatch(source, start, end) is not None:
+                return source[start + 1 : end].split(", %")
         return [name for name, _, _ in self._operand_refs()]
 
     @property

@@ -356,8 +356,13 @@ class CostModel:
             if u == 0.0:
                 continue
             names = inst.operand_names
-            for k, name in enumerate(names):
-                use[name] = use.get(name, 0.0) + u * _operand_use(inst, k, in_place)
+            if not names:
+                continue
+            # Only the first operand of a slicing or an in-place update is read in part.
+            first = names[0]
+            use[first] = use.get(first, 0.0) + u * _first_operand_use(inst, in_place)
+            for name in names[1:]:
+                use[name] = use.get(name, 0.0) + u
         fractions: dict[int, float] = {}
         for inst in comp.instructions:
             if inst.opcode == "parameter":
@@ -686,13 +691,14 @@ def _through_bitcasts(inst: Instruction) -> Instruction | None:
     return inst
 
 
-def _operand_use(inst: Instruction, k: int, in_place: set[str]) -> float:
-    """The fraction of operand ``k`` that ``inst`` reads per unit of its own use."""
+def _first_operand_use(inst: Instruction, in_place: set[str]) -> float:
+    """The fraction of its first operand that ``inst`` reads per unit of its own use
+    (every other operand it reads whole)."""
     opcode = inst.opcode
-    if k == 0 and opcode in _SLICING:
+    if opcode in _SLICING:
         operand = _elements(inst.operand_shapes[0])
         return min(_elements(_first_array(inst.shape)) / operand, 1.0) if operand else 1.0
-    if k == 0 and opcode == _DUS:
+    if opcode == _DUS:
         if inst.name in in_place:
             return 0.0
         shapes = inst.operand_shapes
