@@ -179,3 +179,60 @@ def test_the_held_clock_bounds_only_what_was_measured_in_bursts() -> None:
     assert errors.compute("attention") == pytest.approx(1.2 * 1.05)
     assert (errors.compute("matmul"), errors.compute("memory")) == (1.3, 1.4)
     assert errors.compute("profiled") == 1.0
+
+
+@pytest.mark.parametrize("end", ["low", "high"])
+def test_a_range_end_prices_once_and_answers_as_a_compile_of_its_own(end: str) -> None:
+    # The range's ends reuse the expected compile's prices (their errors scale the costs
+    # in the compile, never in the cost model), on a module with a GEMM, a fusion, an
+    # async collective and a sync one, and a profile for some of it.
+    module = parse_module(FSDP_STEP)
+    measured = parse_profile(PROFILE).for_module(module)
+    sim = Simulator(module, get_target("h100"), measured=measured)
+    errors = ErrorScale.at(end, MODEL_ERRORS)
+    shared = sim.with_errors(errors)
+    assert shared is sim.with_errors(errors)
+    assert shared.cost is sim.cost
+    alone = Simulator(module, get_target("h100"), measured=measured, errors=errors)
+    assert alone.cost is not sim.cost
+    assignment = assign_streams(sim.pairs, 1, "interval")
+    assert shared.kernels() == alone.kernels()
+    assert [s.cost for s in shared.specs] == [s.cost for s in alone.specs]
+    assert shared.run(assignment) == alone.run(assignment)
+    assert shared.run(assignment).step_time != sim.run(assignment).step_time
+
+
+def test_a_cost_model_is_shared_only_by_compiles_of_its_module_and_target() -> None:
+    module = parse_module(FSDP_STEP)
+    sim = Simulator(module, get_target("h100"))
+    with pytest.raises(ValueError, match="its module and target"):
+        Simulator(parse_module(FSDP_STEP), get_target("h100"), cost=sim.cost)
+    with pytest.raises(ValueError, match="its module and target"):
+        Simulator(module, get_target("h200"), cost=sim.cost)
+
+
+FSDP_STEP = """HloModule m, is_scheduled=true, num_partitions=8, frontend_attributes={fingerprint_before_lhs="abc123"}
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %s = f32[] add(%x, %y)
+}
+
+%fused (a: f32[1024,1024], b: f32[1024,1024]) -> f32[1024,1024] {
+  %a = f32[1024,1024]{1,0} parameter(0)
+  %b = f32[1024,1024]{1,0} parameter(1)
+  ROOT %d = f32[1024,1024]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (p: f32[1024,1024]) -> (f32[8192,1024], f32[1024,1024]) {
+  %p = f32[1024,1024]{1,0} parameter(0)
+  %ag = (f32[1024,1024]{1,0}, f32[8192,1024]{1,0}) all-gather-start(%p), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}, use_global_device_ids=true
+  %n = f32[1024,1024]{1,0} negate(%p)
+  %g = f32[1024,1024]{1,0} fusion(%n, %p), kind=kCustom, calls=%fused
+  %ag.done = f32[8192,1024]{1,0} all-gather-done(%ag)
+  %m = f32[1024,1024]{1,0} multiply(%g, %n)
+  %ar = f32[1024,1024]{1,0} all-reduce(%m), channel_id=2, replica_groups={{0,1,2,3},{4,5,6,7}}, use_global_device_ids=true, to_apply=%add
+  ROOT %t = (f32[8192,1024]{1,0}, f32[1024,1024]{1,0}) tuple(%ag.done, %ar)
+}
+"""

@@ -62,15 +62,20 @@ class CompiledModule:
         progress: Progress | None = None,
         measured: MeasuredCosts | None = None,
         errors: ErrorScale | None = None,
+        cost: CostModel | None = None,
     ) -> None:
         """``pairs`` as ``find-async-pairs`` found them, or found here under ``model``
         (default: the safe assumption, see :class:`StreamModel`). ``measured``: the
         program's own measured costs (``profile.load_profile(path).for_module(module)``),
         which replace the model's for the instructions they name. ``errors``: factors
-        on the model's costs (``errors.py``; the ranges of ``ranges.predict_range``)."""
+        on the model's costs (``errors.py``; the ranges of ``ranges.predict_range``).
+        ``cost``: the cost model of another compile of ``module`` for ``target``, whose
+        prices this one reuses."""
+        if cost is not None and (cost.module is not module or cost.target is not target):
+            raise ValueError("a cost model is shared only by compiles of its module and target")
         self.module = module
         self.target = target
-        self.cost = CostModel(module, target)
+        self.cost = cost if cost is not None else CostModel(module, target)
         self.measured = measured
         self.errors = errors or ErrorScale()
         self.pairs: tuple[AsyncPair, ...] = tuple(

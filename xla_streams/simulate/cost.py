@@ -226,11 +226,17 @@ class CollectiveCost:
 
 
 class CostModel:
-    """Costs of the instructions and collectives of one module on one target."""
+    """Costs of the instructions and collectives of one module on one target, each
+    priced once: the simulators of a prediction's range share one (``errors.py`` scales
+    the costs, it does not change them)."""
 
     def __init__(self, module: Module, target: Target) -> None:
         self.module = module
         self.target = target
+        self._instructions: dict[Instruction, OpCost] = {}
+        self._collectives: dict[
+            tuple[Instruction | None, str, tuple[tuple[int, ...], ...], int], CollectiveCost
+        ] = {}
         self._flops_of_computation: dict[str, tuple[float, str]] = {}
         # fused computation -> (fraction read of each parameter, bytes written)
         self._fused_io: dict[str, tuple[dict[int, float], int]] = {}
@@ -241,6 +247,12 @@ class CostModel:
 
     def instruction(self, inst: Instruction) -> OpCost:
         """Time of a compute instruction (control flow and collectives: see the simulator)."""
+        cost = self._instructions.get(inst)
+        if cost is None:
+            cost = self._instructions[inst] = self._price(inst)
+        return cost
+
+    def _price(self, inst: Instruction) -> OpCost:
         opcode = inst.opcode
         if opcode in FREE_OPCODES:
             return FREE
@@ -458,7 +470,12 @@ class CostModel:
         self, inst: Instruction | None, kind: str, groups: tuple[tuple[int, ...], ...], size: int
     ) -> CollectiveCost:
         """The cost of collective ``inst`` (its element type keys XLA's table)."""
-        return collective_cost(kind, groups, size, self.target, dtype=element_type(inst))
+        key = (inst, kind, groups, size)
+        cost = self._collectives.get(key)
+        if cost is None:
+            cost = collective_cost(kind, groups, size, self.target, dtype=element_type(inst))
+            self._collectives[key] = cost
+        return cost
 
     def async_compute(self, inst: Instruction) -> bool:
         """``inst`` starts a kernel XLA runs on a side compute stream: an async fusion

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 from xla_streams.simulate.errors import MODEL_ERRORS, ErrorBound, ErrorScale
 from xla_streams.simulate.simulator import Simulator
-from xla_streams.simulate.timeline import SimResult
 from xla_streams.streams import StreamAssignment, assign_streams
 
 
@@ -67,8 +66,9 @@ def predict_range(
     if assignment is None:
         assignment = assign_streams(simulator.pairs, 1, "interval")
     expected = simulator.run(assignment)
-    ends = [_at(simulator, ErrorScale.at(end, bounds), assignment) for end in ("low", "high")]
-    low, high = ends
+    low, high = (
+        simulator.with_errors(ErrorScale.at(end, bounds)).run(assignment) for end in ("low", "high")
+    )
     return PredictionRange(
         low=min(low.step_time, expected.step_time),
         expected=expected.step_time,
@@ -78,14 +78,3 @@ def predict_range(
         exposed_high=max(high.exposed_communication, expected.exposed_communication),
         bounds=bounds,
     )
-
-
-def _at(simulator: Simulator, errors: ErrorScale, assignment: StreamAssignment) -> SimResult:
-    other = Simulator(
-        simulator.module,
-        simulator.target,
-        simulator.pairs,
-        measured=simulator.measured,
-        errors=errors,
-    )
-    return other.run(assignment)

@@ -71,6 +71,7 @@ from typing import Any, NamedTuple
 
 from xla_streams.collectives import SYNC_PAIR_STREAM
 from xla_streams.simulate.compiler import CompiledModule
+from xla_streams.simulate.errors import ErrorScale
 from xla_streams.simulate.network import Job, Recorder
 from xla_streams.simulate.replay import DYNAMIC_LANE, Replay
 from xla_streams.simulate.timeline import (
@@ -108,6 +109,21 @@ class Simulator(CompiledModule):
     def _outcomes(self) -> dict[tuple[Any, ...], _Replayed]:
         """Each replay's outcome by its lanes: different (K, policy) often give the same
         lanes, each replayed once."""
+        return {}
+
+    def with_errors(self, errors: ErrorScale) -> Simulator:
+        """This module compiled with its costs scaled by ``errors`` (the ends of a
+        prediction's range), priced by this simulator's cost model; one per scale."""
+        scaled = self._scaled.get(errors)
+        if scaled is None:
+            scaled = self._scaled[errors] = Simulator(
+                self.module, self.target, self.pairs, measured=self.measured, errors=errors,
+                cost=self.cost,
+            )  # fmt: skip
+        return scaled
+
+    @cached_property
+    def _scaled(self) -> dict[ErrorScale, Simulator]:
         return {}
 
     def run(
