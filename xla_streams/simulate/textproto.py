@@ -138,6 +138,8 @@ _WORDS: dict[str, Scalar] = {"true": True, "false": False, "True": True, "False"
 
 def _unquote(literal: str, path: str, line: int) -> str:
     body, out, i = literal[1:-1], bytearray(), 0
+    if "\\" not in body:
+        return body  # nothing escaped: the text itself (most strings of XLA's tables)
     while i < len(body):
         c = body[i]
         if c != "\\":
