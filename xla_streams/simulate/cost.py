@@ -234,8 +234,9 @@ class CostModel:
         self.module = module
         self.target = target
         self._instructions: dict[Instruction, OpCost] = {}
+        # By (kind, groups, bytes, element type): a layer's collectives recur in every layer.
         self._collectives: dict[
-            tuple[Instruction | None, str, tuple[tuple[int, ...], ...], int], CollectiveCost
+            tuple[str, tuple[tuple[int, ...], ...], int, str | None], CollectiveCost
         ] = {}
         self._flops_of_computation: dict[str, tuple[float, str]] = {}
         # fused computation -> (fraction read of each parameter, bytes written)
@@ -470,11 +471,13 @@ class CostModel:
         self, inst: Instruction | None, kind: str, groups: tuple[tuple[int, ...], ...], size: int
     ) -> CollectiveCost:
         """The cost of collective ``inst`` (its element type keys XLA's table)."""
-        key = (inst, kind, groups, size)
+        dtype = element_type(inst)
+        key = (kind, groups, size, dtype)
         cost = self._collectives.get(key)
         if cost is None:
-            cost = collective_cost(kind, groups, size, self.target, dtype=element_type(inst))
-            self._collectives[key] = cost
+            cost = self._collectives[key] = collective_cost(
+                kind, groups, size, self.target, dtype=dtype
+            )
         return cost
 
     def async_compute(self, inst: Instruction) -> bool:

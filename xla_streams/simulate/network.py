@@ -151,8 +151,7 @@ class Network:
 
     def _events(self, t: float) -> None:
         self.changes += 1
-        tolerance = _EPS * max(abs(t), 1e-9)
-        limit = t + tolerance
+        limit = t + _EPS * (t if t > 1e-9 else 1e-9)  # the clock never runs below 0
         changed = False
         # Transfers that are complete and latencies that are over.
         due = [
@@ -218,11 +217,12 @@ class Network:
         now = self.now
         usage = self.usage
         hbm = 0.0
+        shared = usage.__getitem__
         for job in self.transferring:
             cost = job.spec.cost
             share = 1.0
             if self.share and cost.resources:
-                share = 1.0 / max(usage[r] for r in cost.resources)
+                share = 1.0 / max(map(shared, cost.resources))
             job.rate = cost.bandwidth * share
             job.finish_at = now + job.remaining / job.rate if job.rate > 0 else math.inf
             hbm += job.rate * cost.hbm_per_byte
