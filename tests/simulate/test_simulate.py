@@ -286,6 +286,40 @@ def test_more_streams_can_be_slower_and_the_table_says_why() -> None:
     assert "note: interval: K=2" in format_what_if(what)
 
 
+# Round robin on 3 streams puts %ag.d behind the big %ag.a, on 2 behind the small %ag.b;
+# the compute stream needs %ag.d before a long kernel. No two groups share two devices:
+# no ties.
+QUEUED_BEHIND = """HloModule queued_behind, is_scheduled=true, num_partitions=8
+
+ENTRY %main (big: f32[8192,1024], p: f32[256,1024], x: f32[N]) -> (f32[16384,1024], f32[512,1024], f32[512,1024], f32[512,1024], f32[N]) {
+  %big = f32[8192,1024]{1,0} parameter(0)
+  %p = f32[256,1024]{1,0} parameter(1)
+  %x = f32[N]{0} parameter(2)
+  %ag.a = (f32[8192,1024]{1,0}, f32[16384,1024]{1,0}) all-gather-start(%big), channel_id=1, replica_groups={{0,1},{2,3},{4,5},{6,7}}, dimensions={0}, use_global_device_ids=true
+  %ag.b = (f32[256,1024]{1,0}, f32[512,1024]{1,0}) all-gather-start(%p), channel_id=2, replica_groups={{0,2},{1,3},{4,6},{5,7}}, dimensions={0}, use_global_device_ids=true
+  %ag.c = (f32[256,1024]{1,0}, f32[512,1024]{1,0}) all-gather-start(%p), channel_id=3, replica_groups={{0,4},{1,5},{2,6},{3,7}}, dimensions={0}, use_global_device_ids=true
+  %ag.d = (f32[256,1024]{1,0}, f32[512,1024]{1,0}) all-gather-start(%p), channel_id=4, replica_groups={{0,3},{1,2},{4,7},{5,6}}, dimensions={0}, use_global_device_ids=true
+  %w = f32[256,1024]{1,0} negate(%p)
+  %ag.d.done = f32[512,1024]{1,0} all-gather-done(%ag.d)
+  %work = f32[N]{0} negate(%x)
+  %ag.c.done = f32[512,1024]{1,0} all-gather-done(%ag.c)
+  %ag.b.done = f32[512,1024]{1,0} all-gather-done(%ag.b)
+  %ag.a.done = f32[16384,1024]{1,0} all-gather-done(%ag.a)
+  ROOT %t = (f32[16384,1024]{1,0}, f32[512,1024]{1,0}, f32[512,1024]{1,0}, f32[512,1024]{1,0}, f32[N]) tuple(%ag.a.done, %ag.b.done, %ag.c.done, %ag.d.done, %work, %w)
+}
+""".replace("N]", "41943040]")
+
+
+def test_the_table_names_the_collective_a_slower_k_queues_behind() -> None:
+    what = predict(QUEUED_BEHIND, streams=(2, 3), policies=("round-robin",))
+    assert what.assignments[(3, "round-robin")].stream_of["ag.d"] == 0
+    assert what.assignments[(2, "round-robin")].stream_of["ag.d"] == 1
+    [why] = what.non_monotone()
+    assert "queues collectives behind different ones" in why
+    assert "%ag.d (all-gather, collective stream 0) is waited for" in why
+    assert "it queues on collective stream 0 behind %ag.a (collective stream 0)" in why
+
+
 # -- loops, sync pairs ---------------------------------------------------------------------
 
 LOOP = """HloModule loop, is_scheduled=true, num_partitions=8

@@ -59,9 +59,9 @@ class Replay:
         self.errors = compiled.errors
         self.in_flight: dict[int, Job] = {}
         self.fired: list[Job] = []
-        # (collective, when, how long) of each wait of the compute stream on a collective
-        # it waited for: what a collective timeline (Simulator.collective_timeline) draws.
-        self.waits: list[tuple[Job, float, float, str]] = []
+        # (collective, seconds) of each wait of the compute stream on a collective: what
+        # explaining a prediction reads (Simulator.replayed).
+        self.waits: list[tuple[Job, float]] = []
         # (f_mat, f_mem) for the network's state after ``_changes`` events.
         self._factors = (1.0, 1.0)
         self._changes = -1
@@ -197,7 +197,7 @@ class Replay:
             if exposed:
                 self.exposed += waited
             if wait_kind is not None:
-                self.waits.append((job, self.t, waited, wait_kind))
+                self.waits.append((job, waited))
                 if self.recorder is not None:
                     self.recorder.wait(job, self.t, waited, wait_kind)
             self.t = job.end

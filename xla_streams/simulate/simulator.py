@@ -88,8 +88,8 @@ RULE_BOUND_LABEL = "rule bound (a stream for each group the deadlock rule ties)"
 MAX_RECORDED_SLICES = 200_000
 
 
-class _Replayed(NamedTuple):
-    """What a replay adds up, and the collectives and waits a collective timeline draws."""
+class Replayed(NamedTuple):
+    """What a replay adds up, and the collectives and waits that explain it."""
 
     step_time: float
     compute_busy: float
@@ -98,7 +98,7 @@ class _Replayed(NamedTuple):
     profiled: float
     modeled: float
     finished: list[Job]  # the collectives, in the order they finished
-    waits: list[tuple[Job, float, float, str]]  # Replay.waits
+    waits: list[tuple[Job, float]]  # Replay.waits
 
 
 class Simulator(CompiledModule):
@@ -106,7 +106,7 @@ class Simulator(CompiledModule):
     any assignment."""
 
     @cached_property
-    def _outcomes(self) -> dict[tuple[Any, ...], _Replayed]:
+    def _outcomes(self) -> dict[tuple[Any, ...], Replayed]:
         """Each replay's outcome by its lanes: different (K, policy) often give the same
         lanes, each replayed once."""
         return {}
@@ -148,23 +148,11 @@ class Simulator(CompiledModule):
             policy=assignment.policy,
         )
 
-    def collective_timeline(self, assignment: StreamAssignment) -> SimResult:
-        """``run(assignment)`` with the collectives' slices (in the order they finished)
-        and then the waits' slices: what explaining a prediction needs, drawn from the
-        replay ``run`` made (every replay keeps its collectives and waits), not another."""
-        outcome = self._outcome(self._lanes(assignment), share=True, interference=True)
-        recorder = Recorder(MAX_RECORDED_SLICES, compute=False)
-        for job in outcome.finished:
-            recorder.collective(job)
-        for job, at, waited, kind in outcome.waits:
-            recorder.wait(job, at, waited, kind)
-        return self._as_result(
-            outcome,
-            recorder,
-            label=f"K={assignment.streams} {assignment.policy}",
-            streams=assignment.streams,
-            policy=assignment.policy,
-        )
+    def replayed(self, assignment: StreamAssignment) -> Replayed:
+        """The replay ``run(assignment)`` makes (the same one: replays are kept by their
+        lanes), with its collectives as they ran and the compute stream's waits on them:
+        what explaining a prediction reads."""
+        return self._outcome(self._lanes(assignment), share=True, interference=True)
 
     def _lanes(self, assignment: StreamAssignment) -> list[int]:
         lanes = []
@@ -242,7 +230,7 @@ class Simulator(CompiledModule):
         share: bool,
         interference: bool,
         recorder: Recorder | None = None,
-    ) -> _Replayed:
+    ) -> Replayed:
         """The replay on ``lanes``: with a ``recorder``, a new one drawing every slice,
         else the one made before with the same lanes if any (different (K, policy) often
         give the same streams)."""
@@ -255,7 +243,7 @@ class Simulator(CompiledModule):
         replay.finish()
         lane_busy = dict(sorted(replay.network.busy.items()))
         lane_busy[COMPUTE_LANE] = replay.compute_busy
-        outcome = _Replayed(
+        outcome = Replayed(
             replay.t, replay.compute_busy, replay.exposed, lane_busy, replay.profiled,
             replay.modeled, replay.network.finished, replay.waits,
         )  # fmt: skip
@@ -265,7 +253,7 @@ class Simulator(CompiledModule):
 
     def _as_result(
         self,
-        outcome: _Replayed,
+        outcome: Replayed,
         recorder: Recorder | None,
         *,
         label: str,

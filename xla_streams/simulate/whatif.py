@@ -12,7 +12,7 @@ from xla_streams.collectives import POLICIES, STREAM_COUNTS, Policy, StreamModel
 from xla_streams.hlo import Module
 from xla_streams.simulate.compiler import Progress
 from xla_streams.simulate.network import CollectiveSpec
-from xla_streams.simulate.simulator import Simulator
+from xla_streams.simulate.simulator import Replayed, Simulator
 from xla_streams.simulate.targets import Target
 from xla_streams.simulate.timeline import COMPUTE_LANE, SimResult, lane_name
 from xla_streams.streams import AsyncPair, StreamAssignment, assign_each
@@ -167,9 +167,8 @@ def _explain_non_monotone(
 ) -> dict[tuple[int, str], str]:
     """For each K predicted slower than the K before it: the three replays of each
     assignment that split its change (``ends``, :func:`_ends`) tell the three possible
-    causes apart, and recorded replays name the pairs."""
+    causes apart, and what those replays kept of their collectives names the pairs."""
     out: dict[tuple[int, str], str] = {}
-    timelines: dict[tuple[tuple[str, int | None], ...], SimResult] = {}
     for policy in policies:
         for smaller, k in pairwise(streams):
             slow, fast = results[(k, policy)], results[(smaller, policy)]
@@ -208,54 +207,41 @@ def _explain_non_monotone(
                     f"different ones than for K={smaller}, and a collective the compute stream "
                     "needs early now waits behind a later one"
                 )
-            named = _named_causes(simulator, slow_assignment, fast_assignment, timelines)
+            named = _named_causes(simulator, slow_assignment, fast_assignment)
             out[(k, policy)] = head + cause + "".join(f". {n}" for n in named)
     return out
 
 
-def _named_causes(
-    sim: Simulator,
-    slow: StreamAssignment,
-    fast: StreamAssignment,
-    timelines: dict[tuple[tuple[str, int | None], ...], SimResult],
-) -> list[str]:
+def _named_causes(sim: Simulator, slow: StreamAssignment, fast: StreamAssignment) -> list[str]:
     """One sentence for each collective the compute stream waits for longer under
     ``slow`` than under ``fast`` (longest first): which collectives share its links
-    while it runs, and which run ahead of it on its stream, under ``slow``.
-    ``timelines`` keeps the replays by streams, for the next call."""
-
-    def timeline(assignment: StreamAssignment) -> SimResult:
-        key = tuple(assignment.stream_of.items())
-        if key not in timelines:
-            timelines[key] = sim.collective_timeline(assignment)
-        return timelines[key]
-
-    slow_run = timeline(slow)
-    fast_waits = _waits(timeline(fast))
+    while it runs, and which run ahead of it on its stream, under ``slow``."""
+    slow_run = sim.replayed(slow)
+    fast_waits = _waits(sim.replayed(fast))
     extra = {name: w - fast_waits.get(name, 0.0) for name, w in _waits(slow_run).items()}
     tolerance = MONOTONE_TOLERANCE * max(slow_run.step_time, 1e-12)
     victims = sorted((n for n, e in extra.items() if e > tolerance), key=lambda n: -extra[n])
-    jobs = [s for s in slow_run.slices or () if s.collective]
+    jobs = [job for job in slow_run.finished if not job.spec.side]
     links = {spec.name: set(spec.cost.resources) for spec in sim.specs}
     sentences = []
     for name in victims[:MAX_VICTIMS]:
         sharing: dict[str, int] = {}  # collective -> its lane
         ahead: dict[str, int] = {}
-        occurrences = [s for s in jobs if s.name == name]
+        occurrences = [job for job in jobs if job.spec.name == name]
         for v in occurrences:
-            # When it was issued (its slice starts when its stream took it).
-            ready = v.start - v.args["queued_us"] * 1e-6 - 1e-9
-            end = v.start + v.duration
+            assert v.end is not None  # finished
+            ready = v.ready - 1e-9  # when it was issued
             for o in jobs:
-                if o.name == name:
+                assert o.end is not None
+                other = o.spec.name
+                if other == name:
                     continue
-                o_end = o.start + o.duration
-                if o.lane == v.lane and o.start < v.start and o_end > ready:
-                    ahead[o.name] = o.lane
-                elif o.start < end and v.start < o_end and links[name] & links[o.name]:
-                    sharing[o.name] = o.lane
+                if o.lane == v.lane and o.begin < v.begin and o.end > ready:
+                    ahead[other] = o.lane
+                elif o.begin < v.end and v.begin < o.end and links[name] & links[other]:
+                    sharing[other] = o.lane
         first = occurrences[0] if occurrences else None
-        where = f"{first.kind}, {lane_name(first.lane)}" if first else "collective"
+        where = f"{first.spec.kind}, {lane_name(first.lane)}" if first else "collective"
         sentence = f"%{name} ({where}) is waited for {extra[name] * 1e6:.1f} us longer"
         if sharing:
             sentence += f"; it shares link bandwidth with {_names(sharing)}"
@@ -266,16 +252,16 @@ def _named_causes(
     return sentences
 
 
-def _waits(result: SimResult) -> dict[str, float]:
+def _waits(replayed: Replayed) -> dict[str, float]:
     """Per collective, how long the compute stream waited for it (a collective on the
     compute lane: its whole time)."""
     waits: dict[str, float] = {}
-    for s in result.slices or ():
-        if s.lane != COMPUTE_LANE:
-            continue
-        name = s.args.get("collective") if s.kind == "wait" else s.name if s.collective else None
-        if name is not None:
-            waits[name] = waits.get(name, 0.0) + s.duration
+    for job in replayed.finished:
+        if job.lane == COMPUTE_LANE and not job.spec.side:
+            assert job.end is not None
+            waits[job.spec.name] = waits.get(job.spec.name, 0.0) + job.end - job.begin
+    for job, waited in replayed.waits:
+        waits[job.spec.name] = waits.get(job.spec.name, 0.0) + waited
     return waits
 
 
