@@ -234,6 +234,7 @@ class CostModel:
         self.module = module
         self.target = target
         self._instructions: dict[Instruction, OpCost] = {}
+        self._callees: dict[Instruction, Computation | None] = {}  # _fused's answers
         # By (kind, groups, bytes, element type): a layer's collectives recur in every layer.
         self._collectives: dict[
             tuple[str, tuple[tuple[int, ...], ...], int, str | None], CollectiveCost
@@ -341,8 +342,13 @@ class CostModel:
         return inst.shape.byte_size + sum(shape.byte_size for shape in inst.operand_shapes)
 
     def _fused(self, inst: Instruction) -> Computation | None:
+        """The computation ``inst`` calls (``calls=``), if it names one of the module's."""
+        if inst in self._callees:
+            return self._callees[inst]
         m = _CALLS.search(inst.text)
-        return self.computations.get(m.group(1)) if m is not None else None
+        comp = self.computations.get(m.group(1)) if m is not None else None
+        self._callees[inst] = comp
+        return comp
 
     def fused_io(self, comp: Computation) -> tuple[dict[int, float], int]:
         """Of a fused computation: the fraction of each parameter (by number) its
@@ -390,9 +396,9 @@ class CostModel:
 
     def _called_flops(self, inst: Instruction, key: str) -> tuple[float, str]:
         if key == "calls":
-            m = _CALLS.search(inst.text)
-            if m is not None and m.group(1) in self.computations:
-                return self.computation_flops(self.computations[m.group(1)])
+            called = self._fused(inst)
+            if called is not None:
+                return self.computation_flops(called)
         name = inst.attribute(key)
         if name is None:
             return 0.0, ""

@@ -154,10 +154,13 @@ class Simulator(CompiledModule):
         what explaining a prediction reads."""
         return self._outcome(self._lanes(assignment), share=True, interference=True)
 
+    @cached_property
+    def _fixed_lanes(self) -> list[tuple[AsyncPair, int | None]]:
+        return [(pair, self._fixed_lane(pair)) for pair in self.pairs]
+
     def _lanes(self, assignment: StreamAssignment) -> list[int]:
         lanes = []
-        for pair in self.pairs:
-            lane = self._fixed_lane(pair)
+        for pair, lane in self._fixed_lanes:
             if lane is None:
                 stream = assignment.stream_of.get(pair.key)
                 if stream is None:
