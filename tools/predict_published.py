@@ -252,8 +252,9 @@ def _a3_run(vms: int, tflops: float, all_reduce: int, reduce_scatter: int) -> Pu
         assumptions=(
             "published as TFLOP/s per GPU: the step is MaxText's TFLOPs per GPU of that "
             f"commit ({maxtext_tflops_2024_04(config):.1f}) over it",
-            "GPUDirect-TCPX's efficiency is not published: the InfiniBand figure "
-            "(network_efficiency 0.94) is assumed",
+            "GPUDirect-TCPX beyond 2 VMs is not measured: a collective across VMs takes the "
+            "share of line rate Google's 2-VM nccl-tests run reached with as many bytes per "
+            "NIC (the target file's network_nccl_tests)",
         ),
     )
 
@@ -346,8 +347,9 @@ RUNS: tuple[PublishedRun, ...] = (
         assumptions=(
             "the README's example log line is the 256-GPU default's (its tokens per step, "
             "4194304, are 256 GPUs x 4 x 4096)",
-            "GPUDirect-TCPXO's efficiency is not published: the InfiniBand figure "
-            "(network_efficiency 0.94) is assumed",
+            "GPUDirect-TCPXO beyond 2 VMs is not measured: a collective across VMs takes "
+            "the share of line rate a 2-VM nccl-tests run reached with as many bytes per NIC "
+            "(the target file's network_nccl_tests)",
             "the chart's last flag ends in a stray quote (rematerialization\"), which would "
             "leave XLA's rematerialization pass on; taken as meant",
         ),

@@ -95,11 +95,20 @@ class CompiledModule:
         self.entry = self._compile(module.entry)
         # The entry with consecutive compute steps folded, for replays that draw nothing.
         self.merged_entry = self._merge(self.entry.steps)
+        collectives = sum(1 for s in self.specs if not s.side)
         tabled = sum(1 for spec in self.specs if spec.cost.measured and not spec.profiled)
         if tabled:
             self.notes.append(
-                f"{tabled} of {sum(1 for s in self.specs if not s.side)} collectives priced "
+                f"{tabled} of {collectives} collectives priced "
                 f"from XLA's measured table ({target.perf_table_key})"
+            )
+        swept = sum(
+            1 for spec in self.specs if spec.cost.protocol == "nccl-tests" and not spec.profiled
+        )
+        if swept:
+            self.notes.append(
+                f"{swept} of {collectives} collectives priced from the nccl-tests run of "
+                f"{target.name}'s network, by the bytes each puts through a NIC"
             )
         if measured is not None:
             unused = measured.unused()

@@ -99,8 +99,11 @@ host, a kind and group size it measured), the standalone time is XLA's own
 estimate from the table instead (below the table's smallest size, 1 KiB, that
 size's time: a smaller message is no faster). It keeps the model's latency (at
 most the measured time) and moves its wire bytes in the rest of the measured
-time, so concurrent collectives still share link bandwidth. Elsewhere
-(collectives across hosts, A100) the alpha-beta model stands.
+time, so concurrent collectives still share link bandwidth. A collective across
+hosts on a target with an nccl-tests run of its network (``network_nccl_tests``,
+``nccl_tests.py``) takes the time that run measured for as many bytes through each
+GPU's NIC (the wire bytes at the NIC's rate over the model's), the same way.
+Elsewhere (other collectives across hosts, A100) the alpha-beta model stands.
 
 Simplifications: one bottleneck link class per collective (a collective across
 hosts shares the NICs' bandwidth with other collectives, not NVLink's); the host of
@@ -123,6 +126,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from xla_streams.collectives import KINDS
 from xla_streams.hlo import Computation, Instruction, Module
@@ -524,7 +528,9 @@ def collective_cost(
     cost = _model_cost(kind, groups, size, target)
     if cost.algorithm != "local":
         cost = _with_kernel(cost, kind, groups, size, target)
-    measured = _measured_cost(cost, kind, groups, size, target, dtype)
+    measured = _measured_cost(cost, kind, groups, size, target, dtype) or _nccl_tests_cost(
+        cost, target
+    )
     if measured is not None:
         cost = measured
     ratio = target.time_ratio(kind)
@@ -579,20 +585,30 @@ def _measured_cost(
     seconds = table.seconds(kind, groups, max(size, MIN_BYTES), dtype or "F32")
     if seconds is None or not math.isfinite(seconds):
         return None
+    return _retimed(model, seconds, algorithm="measured", protocol="xla-table", measured=True)
+
+
+def _nccl_tests_cost(model: CollectiveCost, target: Target) -> CollectiveCost | None:
+    """``model``, a collective across hosts, re-timed to the target's nccl-tests run
+    (``nccl_tests.py``) by the bytes it puts through each GPU's NIC."""
+    run = target.network_nccl_tests
+    if run is None or not model.network or model.wire_bytes <= 0 or model.bandwidth <= 0:
+        return None
+    # The model moves its wire bytes at the NICs' rate times the GPUs that share the
+    # transfer: what one NIC carries is the wire bytes at the NIC's own rate.
+    nic_bytes = model.wire_bytes * target.link_bandwidth(True) / model.bandwidth
+    return _retimed(model, run.seconds(nic_bytes, target.network_bandwidth), protocol="nccl-tests")
+
+
+def _retimed(model: CollectiveCost, seconds: float, **changes: Any) -> CollectiveCost:
+    """``model`` taking ``seconds`` standalone: its latency (at most that), then its wire
+    bytes in the rest, so concurrent collectives still share link bandwidth."""
     latency = min(model.latency, seconds)
     transfer = seconds - latency
     if model.wire_bytes <= 0 or transfer <= 0:
-        return dataclasses.replace(
-            model, algorithm="measured", protocol="xla-table", latency=seconds, wire_bytes=0.0,
-            measured=True,
-        )  # fmt: skip
+        return dataclasses.replace(model, latency=seconds, wire_bytes=0.0, **changes)
     return dataclasses.replace(
-        model,
-        algorithm="measured",
-        protocol="xla-table",
-        latency=latency,
-        bandwidth=model.wire_bytes / transfer,
-        measured=True,
+        model, latency=latency, bandwidth=model.wire_bytes / transfer, **changes
     )
 
 

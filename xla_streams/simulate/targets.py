@@ -163,6 +163,7 @@ from xla_streams.simulate.measured import (
     default_perf_table,
     load_perf_table,
 )
+from xla_streams.simulate.nccl_tests import NcclTestsError, NcclTestsRun
 
 TERA = 1e12
 PETA = 1e15
@@ -266,6 +267,9 @@ class Target:
     nvls_channels: int = 0
     nccl_max_channels: int = 0
     network_unpack: bool = False
+    # The cluster's network as a published nccl-tests run measured it (nccl_tests.py):
+    # collectives across hosts take the share of line rate it reached at their size.
+    network_nccl_tests: NcclTestsRun | None = None
 
     @property
     def description(self) -> str:
@@ -523,6 +527,11 @@ def target_with_overrides(
             if value is not None and not isinstance(value, str):
                 raise TargetError(f"{origin}: perf_table_key must be a string or null")
             changes[key] = value
+        elif key == "network_nccl_tests":
+            try:
+                changes[key] = None if value is None else NcclTestsRun.from_json(value, origin)
+            except NcclTestsError as e:
+                raise TargetError(str(e)) from None
         elif key == "perf_table":
             if value is None:
                 changes[key] = None
@@ -552,7 +561,19 @@ def target_with_overrides(
             if not _is_number(value) or value < 0:
                 raise TargetError(f"{origin}: {key} must be a non-negative number, not {value!r}")
             changes[key] = float(value)
-    return dataclasses.replace(target, **changes)
+    result = dataclasses.replace(target, **changes)
+    run = result.network_nccl_tests
+    if run is not None and run.ranks_per_host > result.devices_per_host:
+        raise TargetError(
+            f"{origin}: network_nccl_tests ran {run.ranks_per_host} ranks to a host, "
+            f"the target's hosts have {result.devices_per_host} GPUs"
+        )
+    if run is not None and max(share for _, share in run.shares(result.network_bandwidth)) > 1:
+        raise TargetError(
+            f"{origin}: network_nccl_tests: a busbw above ranks_per_host x network_bandwidth "
+            f"({run.ranks_per_host} x {result.network_bandwidth / 1e9:g} GB/s): one is wrong"
+        )
+    return result
 
 
 def _protocols(current: dict[str, Protocol], value: Any, origin: str) -> dict[str, Protocol]:
