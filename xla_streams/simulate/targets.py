@@ -140,6 +140,10 @@ correct whole kernel classes with measured ratios: ``calibration.py``):
   #319), 47/50. So a 27 MiB all-gather over 4 hosts (one GPU each) takes
   about 490 us: ring latency 37 us plus 3/4 x 27 MiB at 47 GB/s. A group with
   several GPUs on each host uses their NICs together (``cost.py``).
+- ``network_nccl_tests`` (none built in; the A3 target files in
+  ``xla_streams/targets/`` have one): a published nccl-tests run on the cluster's
+  own network, whose share of line rate at each size replaces the flat
+  ``network_efficiency`` for collectives across hosts (``nccl_tests.py``).
 - ``kernel_overhead`` 2 us: the smallest time a kernel occupies the stream
   (launch gap plus the tail of a tiny grid).
 - f32 dots run on TF32 tensor cores: XLA:GPU's default precision for f32
