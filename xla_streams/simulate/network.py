@@ -291,12 +291,11 @@ class UnsharedNetwork:
 
 
 class Recorder:
-    """Slices as the replay goes; without ``compute``, only collectives and waits."""
+    """Slices as the replay goes, up to ``limit`` of them."""
 
-    def __init__(self, limit: int, compute: bool = True) -> None:
+    def __init__(self, limit: int) -> None:
         self.slices: list[Slice] = []
         self.limit = limit
-        self.compute = compute
         self.truncated = False
 
     def add(self, item: Slice) -> None:
@@ -320,15 +319,14 @@ class Recorder:
         assert job.end is not None
         standalone = spec.cost.seconds
         if spec.side:
-            if self.compute:
-                self.add(
-                    Slice(
-                        job.lane, spec.name, spec.kind, job.begin, job.end - job.begin,
-                        {"kind": spec.kind, "bytes": spec.bytes, "async": True,
-                         "predicted_us": round((job.end - job.begin) * 1e6, 3),
-                         "queued_us": round((job.begin - job.ready) * 1e6, 3)},
-                    )
-                )  # fmt: skip
+            self.add(
+                Slice(
+                    job.lane, spec.name, spec.kind, job.begin, job.end - job.begin,
+                    {"kind": spec.kind, "bytes": spec.bytes, "async": True,
+                     "predicted_us": round((job.end - job.begin) * 1e6, 3),
+                     "queued_us": round((job.begin - job.ready) * 1e6, 3)},
+                )
+            )  # fmt: skip
             return
         self.add(
             Slice(

@@ -131,7 +131,7 @@ class Replay:
                 self.profiled += step[6]
                 self.modeled += seconds - step[6]
                 seconds = self.compute_time(seconds, step[7])
-                if recorder is not None and recorder.compute:
+                if recorder is not None:
                     recorder.add(
                         Slice(
                             COMPUTE_LANE, step[2], step[3], self.t, seconds,
@@ -237,7 +237,7 @@ class Replay:
             repeats = trip - i
             t0, busy0, exposed0, lanes0, profiled0, modeled0 = before
             duration = self.t - t0
-            if self.recorder is not None and self.recorder.compute:
+            if self.recorder is not None:
                 self.recorder.add(
                     Slice(
                         COMPUTE_LANE, f"{name}: {repeats} more iterations", "repeat", self.t,
