@@ -65,20 +65,37 @@ class Job:
         self.transferring = False
 
 
-class Network:
+class Streams:
+    """What both networks keep of the collectives they finish: the clock, each lane's
+    busy time, the jobs in the order they finished, and the recorder."""
+
+    def __init__(self, recorder: Recorder | None) -> None:
+        self.now = 0.0
+        self.busy: dict[int, float] = {}
+        self.finished: list[Job] = []
+        self.recorder = recorder
+
+    def _settle(self, job: Job, t: float) -> None:
+        """``job`` ends at ``t``."""
+        job.end = t
+        job.remaining = 0.0
+        self.busy[job.lane] = self.busy.get(job.lane, 0.0) + (t - job.begin)
+        self.finished.append(job)
+        if self.recorder is not None:
+            self.recorder.collective(job)
+
+
+class Network(Streams):
     """The collective streams: FIFO queues, latency phases, shared-bandwidth transfers."""
 
     def __init__(self, share: bool, recorder: Recorder | None) -> None:
+        super().__init__(recorder)
         self.share = share
-        self.now = 0.0
         # The lanes with jobs waiting, and those jobs: a lane leaves when its queue empties.
         self.queues: dict[int, deque[Job]] = {}
         self.running: dict[int, Job] = {}
         self.transferring: list[Job] = []
-        self.finished: list[Job] = []  # in the order they finished
         self.usage: dict[int, int] = {}
-        self.busy: dict[int, float] = {}
-        self.recorder = recorder
         # What the collectives running now take from compute (interference.py): the
         # SMs their kernels hold and the HBM bytes/s they move; ``changes`` counts the
         # events that may have changed them.
@@ -199,8 +216,6 @@ class Network:
             usage[r] = usage.get(r, 0) + 1
 
     def _finish(self, job: Job, t: float) -> None:
-        job.end = t
-        job.remaining = 0.0
         del self.running[job.lane]
         self.sms -= job.spec.cost.sms
         if job.transferring:
@@ -208,10 +223,7 @@ class Network:
             self.transferring.remove(job)
             for r in job.spec.cost.resources:
                 self.usage[r] -= 1
-        self.busy[job.lane] = self.busy.get(job.lane, 0.0) + (t - job.begin)
-        self.finished.append(job)
-        if self.recorder is not None:
-            self.recorder.collective(job)
+        self._settle(job, t)
 
     def _rates(self) -> None:
         now = self.now
@@ -229,7 +241,7 @@ class Network:
         self.hbm = hbm
 
 
-class UnsharedNetwork:
+class UnsharedNetwork(Streams):
     """The collective streams when no link is shared: each collective takes its
     standalone time (latency, then its wire bytes at its bandwidth), so a stream is a
     FIFO queue whose next collective begins at the later of its issue and the end of
@@ -239,10 +251,7 @@ class UnsharedNetwork:
     :class:`Network` with ``share=False``, with no events to process."""
 
     def __init__(self, recorder: Recorder | None) -> None:
-        self.now = 0.0
-        self.busy: dict[int, float] = {}
-        self.finished: list[Job] = []
-        self.recorder = recorder
+        super().__init__(recorder)
         self._lane_end: dict[int, float] = {}
         self._ending: list[tuple[float, int, Job]] = []  # (end, issue order, job): a heap
         self._issued = 0
@@ -277,12 +286,7 @@ class UnsharedNetwork:
                 break
             heapq.heappop(ending)
             self.now = max(self.now, end)
-            job.end = end
-            job.remaining = 0.0
-            self.busy[job.lane] = self.busy.get(job.lane, 0.0) + (end - job.begin)
-            self.finished.append(job)
-            if self.recorder is not None:
-                self.recorder.collective(job)
+            self._settle(job, end)
         if until_job is not None:
             if until_job.end is None:
                 raise RuntimeError(f"collective '{until_job.spec.name}' can never finish")

@@ -179,10 +179,8 @@ class Simulator(CompiledModule):
         a sync pair of the communication lane on stream 0 whatever it is assigned
         (:class:`StreamModel`): so do both."""
         lanes = [
-            SYNC_PAIR_STREAM
-            if pair.lane == "communication" and pair.sync
-            else self._fixed_lane(pair)
-            for pair in self.pairs
+            SYNC_PAIR_STREAM if pair.lane == "communication" and pair.sync else lane
+            for pair, lane in self._fixed_lanes
         ]
         if respect_rule:
             # A group holding a sync pair goes where XLA pins that pair.
