@@ -74,7 +74,6 @@ class Config:
     # XLA's collective performance table (checked to parse): XLA's own scheduler and
     # the reports' simulation price collectives from it.
     perf_table: str | None = None
-    # Keep K streams where CUDA_DEVICE_MAX_CONNECTIONS=1 (else the plugin uses one).
 
     def __post_init__(self) -> None:
         # Direct construction gets the same checks as the builders, named by keyword.

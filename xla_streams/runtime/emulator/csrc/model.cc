@@ -405,7 +405,11 @@ void Model::FindDeadlock() {
   for (const OpPtr& op : nodes) {
     if (color[op.get()] == 0) {
       path.clear();
-      visit(op);
+      // A path that reached a cycle is done: left on the path, a later search
+      // would take its ops for a cycle of its own.
+      if (visit(op)) {
+        for (const OpPtr& on_path : path) color[on_path.get()] = 2;
+      }
     }
   }
 }
