@@ -529,7 +529,7 @@ def collective_cost(
     if cost.algorithm != "local":
         cost = _with_kernel(cost, kind, groups, size, target)
     measured = _measured_cost(cost, kind, groups, size, target, dtype) or _nccl_tests_cost(
-        cost, target
+        cost, kind, size, target
     )
     if measured is not None:
         cost = measured
@@ -588,16 +588,38 @@ def _measured_cost(
     return _retimed(model, seconds, algorithm="measured", protocol="xla-table", measured=True)
 
 
-def _nccl_tests_cost(model: CollectiveCost, target: Target) -> CollectiveCost | None:
+def _nccl_tests_cost(
+    model: CollectiveCost, kind: str, size: int, target: Target
+) -> CollectiveCost | None:
     """``model``, a collective across hosts, re-timed to the target's nccl-tests run
-    (``nccl_tests.py``) by the bytes it puts through each GPU's NIC."""
+    (``nccl_tests.py``) by the bytes it puts through each GPU's NIC, its latency moved
+    from the run's ring to its own."""
     run = target.network_nccl_tests
     if run is None or not model.network or model.wire_bytes <= 0 or model.bandwidth <= 0:
         return None
     # The model moves its wire bytes at the NICs' rate times the GPUs that share the
-    # transfer: what one NIC carries is the wire bytes at the NIC's own rate.
-    nic_bytes = model.wire_bytes * target.link_bandwidth(True) / model.bandwidth
-    return _retimed(model, run.seconds(nic_bytes, target.network_bandwidth), protocol="nccl-tests")
+    # transfer, times its protocol's share of the link: what one NIC carries is the
+    # wire bytes at the NIC's own rate. (The run's share holds NCCL's protocol.)
+    link = model.bandwidth / target.protocols[model.protocol].bandwidth_fraction
+    nic_bytes = model.wire_bytes * target.link_bandwidth(True) / link
+    measured = run.seconds(nic_bytes, target.network_bandwidth)
+    # The run's time holds the latency of its own ranks and hosts. NCCL's latency grows
+    # with the steps of a ring or the depth of a tree, over NVLink and over the network
+    # (tuning.cc): the same collective over the run's devices says how much of the
+    # measured time was latency, and ``model`` what its own is, in the same proportion
+    # (the run may be faster than NCCL's figures: then all of it was latency).
+    per_host = target.devices_per_host
+    hosts = run.ranks // run.ranks_per_host
+    at_run = _model_cost(
+        kind,
+        (tuple(h * per_host + i for h in range(hosts) for i in range(run.ranks_per_host)),),
+        size,
+        target,
+    )
+    run_latency = min(at_run.latency, measured)
+    scale = run_latency / at_run.latency if at_run.latency > 0 else 1.0
+    seconds = measured - run_latency + model.latency * scale
+    return _retimed(model, seconds, protocol="nccl-tests")
 
 
 def _retimed(model: CollectiveCost, seconds: float, **changes: Any) -> CollectiveCost:
@@ -648,14 +670,11 @@ def _model_cost(
                 (n / h - 1) * p.tree_step_latency(False)
                 + math.ceil(math.log2(h)) * p.tree_step_latency(True)
             )
-            candidates.append(
-                CollectiveCost(
-                    "ring", name, ring_latency, 2 * (n - 1) / n * size, ring_bw, network, devices
-                )
+            ring = CollectiveCost(
+                "ring", name, ring_latency, 2 * (n - 1) / n * size, ring_bw, network, devices
             )
-            candidates.append(
-                CollectiveCost("tree", name, tree_latency, 2.0 * size, tree_bw, network, devices)
-            )
+            tree = CollectiveCost("tree", name, tree_latency, 2.0 * size, tree_bw, network, devices)
+            candidates += [c for c in (ring, tree) if c.algorithm in target.nccl_algorithms]
         elif family in ("ring", "broadcast"):
             latency = p.ring_base_latency + ((n - 1) - (h - 1)) * a_nv + (h - 1) * a_net
             wire = float(size) if family == "broadcast" else (n - 1) / n * size

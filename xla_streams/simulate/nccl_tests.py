@@ -16,10 +16,15 @@ bytes through each GPU's NIC took ``x / (line * e)`` seconds, ``e = busbw /
 :meth:`NcclTestsRun.seconds` prices any collective across hosts by the bytes it puts
 through each NIC: ``e`` linear in log2 of them between the measured rows, the largest
 row's beyond them, and below the smallest row that row's time (a smaller message is no
-faster, as for XLA's tables). The measured time includes the latencies, so it replaces
-the model's time, not just its bandwidth. Assumed: that a collective of another kind,
-group or host count reaches the share the measured one reached with as many bytes per
-NIC (nccl-tests on more hosts would tell).
+faster, as for XLA's tables). The measured time includes the latency of the run's own
+ranks and hosts, so it replaces the model's time, not just its bandwidth, and
+``cost.py`` moves that latency to the collective's own: NCCL's latency grows with a
+ring's steps (``2 (n-1)`` for an all-reduce, ``2 (hosts-1)`` of them over the network)
+or a tree's depth (``src/graph/tuning.cc``), so the same collective priced over the
+run's devices says what part of the measured time was latency, and the collective's
+own latency replaces it in the same proportion. Assumed: that a collective of another
+kind, group or host count reaches the share the measured one reached with as many
+bytes per NIC (nccl-tests on more hosts would tell).
 """
 
 from __future__ import annotations

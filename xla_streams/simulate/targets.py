@@ -104,6 +104,9 @@ what that costs the compute beside them), read from NCCL 2.30.7 (NVIDIA/nccl@506
   unpack (GPUDirect-TCPX and TCPXO: ``NCCL_NET_DEVICE_UNPACK``), which doubles a
   cross-host communicator below 16 channels (connect.cc 485-490) and moves 2 more
   HBM bytes per byte from the NIC (``src/device/network/unpack/unpack.h``).
+- ``nccl_algorithms``: the algorithms an all-reduce may take, as the environment's
+  ``NCCL_ALGO`` allows (the cost model's other collectives are rings either way):
+  ring and tree unless a cluster's network restricts them.
 
 Modelling assumptions (not datasheet numbers; override them with a JSON file, or
 correct whole kernel classes with measured ratios: ``calibration.py``):
@@ -227,6 +230,8 @@ LL = Protocol(
     bandwidth_fraction=0.25,
 )
 DEFAULT_PROTOCOLS: dict[str, Protocol] = {"simple": SIMPLE, "ll": LL}
+# The algorithms the cost model prices an all-reduce with (NCCL's ring and tree).
+ALL_REDUCE_ALGORITHMS = ("ring", "tree")
 
 
 @dataclass(frozen=True)
@@ -271,6 +276,8 @@ class Target:
     nvls_channels: int = 0
     nccl_max_channels: int = 0
     network_unpack: bool = False
+    # The all-reduce algorithms NCCL_ALGO allows (the cost model's choice among them).
+    nccl_algorithms: tuple[str, ...] = ALL_REDUCE_ALGORITHMS
     # The cluster's network as a published nccl-tests run measured it (nccl_tests.py):
     # collectives across hosts take the share of line rate it reached at their size.
     network_nccl_tests: NcclTestsRun | None = None
@@ -531,6 +538,18 @@ def target_with_overrides(
             if value is not None and not isinstance(value, str):
                 raise TargetError(f"{origin}: perf_table_key must be a string or null")
             changes[key] = value
+        elif key == "nccl_algorithms":
+            if (
+                not isinstance(value, list)
+                or not value
+                or not set(value) <= set(ALL_REDUCE_ALGORITHMS)
+                or len(set(value)) < len(value)
+            ):
+                raise TargetError(
+                    f"{origin}: nccl_algorithms must list some of "
+                    f"{', '.join(ALL_REDUCE_ALGORITHMS)}, each once, not {value!r}"
+                )
+            changes[key] = tuple(value)
         elif key == "network_nccl_tests":
             try:
                 changes[key] = None if value is None else NcclTestsRun.from_json(value, origin)
