@@ -164,7 +164,7 @@ def test_a_cluster_s_nccl_algo_limits_the_all_reduce_algorithms(tmp_path: Path) 
         path.write_text(json.dumps({"nccl_algorithms": algorithms, "protocols": {"ll": None}}))
         cost = collective_cost("all-reduce", group, 1 << 16, load_target(path), dtype="F32")
         assert cost.algorithm == expected, algorithms
-    for bad in ([], ["ring", "ring"], ["nvls"], "ring"):
+    for bad in ([], ["ring", "ring"], ["nvls"], "ring", [["ring"]], [1], None):
         path.write_text(json.dumps({"nccl_algorithms": bad}))
         with pytest.raises(TargetError, match="nccl_algorithms must list some of ring, tree"):
             load_target(path)

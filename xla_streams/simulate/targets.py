@@ -539,8 +539,9 @@ def target_with_overrides(
                 raise TargetError(f"{origin}: perf_table_key must be a string or null")
             changes[key] = value
         elif key == "nccl_algorithms":
+            named = isinstance(value, list) and all(isinstance(v, str) for v in value)
             if (
-                not isinstance(value, list)
+                not named
                 or not value
                 or not set(value) <= set(ALL_REDUCE_ALGORITHMS)
                 or len(set(value)) < len(value)
