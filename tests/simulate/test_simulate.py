@@ -672,6 +672,15 @@ def test_targets_and_overrides(tmp_path: Path) -> None:
     path.write_text('{"link_efficency": 0.5}')
     with pytest.raises(TargetError, match="unknown target field 'link_efficency'"):
         load_target(path)
+    # Words and lists of words are what they say, never a str() of something else.
+    for field, value, message in (
+        ("sources", 5, "sources must be a list of strings"),
+        ("sources", "one source", "sources must be a list of strings"),
+        ("name", ["x"], "name must be a string, not ['x']"),
+    ):
+        path.write_text(json.dumps({field: value}))
+        with pytest.raises(TargetError, match=re.escape(message)):
+            load_target(path)
     # A share of a peak divides a time: 0 (or more than the peak) is no share.
     for field, value in (("sustained_matrix_fraction", 0), ("memory_efficiency", 1.5)):
         path.write_text(json.dumps({field: value}))

@@ -533,7 +533,9 @@ def target_with_overrides(
         elif key == "protocols":
             changes[key] = _protocols(current, value, origin)
         elif key == "sources":
-            changes[key] = tuple(str(s) for s in value)
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise TargetError(f"{origin}: sources must be a list of strings")
+            changes[key] = tuple(value)
         elif key == "perf_table_key":
             if value is not None and not isinstance(value, str):
                 raise TargetError(f"{origin}: perf_table_key must be a string or null")
@@ -567,7 +569,9 @@ def target_with_overrides(
                 except PerfTableError as e:
                     raise TargetError(f"{origin}: perf_table: {e}") from None
         elif isinstance(current, str):
-            changes[key] = str(value)
+            if not isinstance(value, str):
+                raise TargetError(f"{origin}: {key} must be a string, not {value!r}")
+            changes[key] = value
         elif isinstance(current, bool):
             if not isinstance(value, bool):
                 raise TargetError(f"{origin}: {key} must be true or false, not {value!r}")
