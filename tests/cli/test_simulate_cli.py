@@ -331,6 +331,20 @@ def test_a_table_for_a_target_without_a_key_would_go_unused(tmp_path: Path) -> N
     assert json.loads(out.read_text())["target"]["perf_table"] == str(table)
 
 
+def test_a_target_files_key_the_table_lacks_is_a_usage_error(tmp_path: Path) -> None:
+    target = tmp_path / "next.json"
+    target.write_text('{"perf_table_key": "sm_120"}')
+    out = tmp_path / "p.json"
+    assert_usage_error(
+        simulate(TP_DP, f"--target-file={target}", f"--json={out}"),
+        "perf_table_key:", "no measurements for 'sm_120'", "the table has: ",
+    )  # fmt: skip
+    assert not out.exists(), "nothing written on error"
+    err = io.StringIO()
+    assert simulate_command(str(TP_DP), target_file=str(target), err=err) == 2
+    assert "no measurements for 'sm_120'" in err.getvalue()
+
+
 # -- --profile ------------------------------------------------------------------------------
 
 

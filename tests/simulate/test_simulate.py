@@ -677,6 +677,16 @@ def test_targets_and_overrides(tmp_path: Path) -> None:
         ("sources", 5, "sources must be a list of strings"),
         ("sources", "one source", "sources must be a list of strings"),
         ("name", ["x"], "name must be a string, not ['x']"),
+        # Rates divide sizes and FLOPs; Python's json reads NaN, which is no rate.
+        ("nvlink_bandwidth", 0, "nvlink_bandwidth must be bytes/s of at least 1, not 0"),
+        ("network_bandwidth", float("nan"), "network_bandwidth must be bytes/s of at least 1"),
+        ("matrix_flops", {"bf16": 0}, "matrix_flops must map precision names to FLOP/s of at"),
+        ("kernel_overhead", float("inf"), "kernel_overhead must be a non-negative number"),
+        (
+            "protocols",
+            {"simple": {"bandwidth_fraction": 0}},
+            "protocol 'simple': bandwidth_fraction must be in (0, 1]",
+        ),
     ):
         path.write_text(json.dumps({field: value}))
         with pytest.raises(TargetError, match=re.escape(message)):

@@ -34,6 +34,7 @@ from typing import Any, Protocol, TextIO
 
 from xla_streams._io import atomic_write_many
 from xla_streams.cli import flags
+from xla_streams.cli.inputs import InputError
 from xla_streams.cli.stream_model_flags import stream_model, stream_model_flags
 from xla_streams.collectives import (
     MAX_STREAMS,
@@ -266,10 +267,13 @@ def run_cli(args: CliArgs) -> int:
         say(f"parsing {path}")
     module = parse_module(text, path)
     trace, page, report = args.flag("trace"), args.flag("html"), args.flag("json")
-    result = simulate_module(
-        module, target, ks, ps, model=model, pictures_for=_trace_href(trace, page), progress=say,
-        profile=profile, xla_estimate=estimate,
-    )  # fmt: skip
+    try:
+        result = simulate_module(
+            module, target, ks, ps, model=model, pictures_for=_trace_href(trace, page),
+            progress=say, profile=profile, xla_estimate=estimate,
+        )  # fmt: skip
+    except PerfTableError as e:  # a target file's perf_table_key the table lacks
+        raise InputError(f"perf_table_key: {e}") from None
     args.output(trace, result.trace or "")
     args.output(page, result.html or "")
     if report:

@@ -157,6 +157,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -230,6 +231,9 @@ LL = Protocol(
     bandwidth_fraction=0.25,
 )
 DEFAULT_PROTOCOLS: dict[str, Protocol] = {"simple": SIMPLE, "ll": LL}
+# The least rate (bytes or FLOP per second) a target file may give: below it a rate is a
+# typo, and a step's time would overflow.
+MIN_RATE = 1.0
 # The algorithms the cost model prices an all-reduce with (NCCL's ring and tree).
 ALL_REDUCE_ALGORITHMS = ("ring", "tree")
 
@@ -527,8 +531,13 @@ def target_with_overrides(
             )
         current = getattr(target, key)
         if key == "matrix_flops":
-            if not isinstance(value, dict) or not all(_is_number(v) for v in value.values()):
-                raise TargetError(f"{origin}: matrix_flops must map precision names to numbers")
+            if not isinstance(value, dict) or not all(
+                _is_number(v) and v >= MIN_RATE for v in value.values()
+            ):
+                raise TargetError(
+                    f"{origin}: matrix_flops must map precision names to FLOP/s of at least "
+                    f"{MIN_RATE:g}"
+                )
             changes[key] = {**current, **{k: float(v) for k, v in value.items()}}
         elif key == "protocols":
             changes[key] = _protocols(current, value, origin)
@@ -585,6 +594,12 @@ def target_with_overrides(
             if not _is_number(value) or not 0 < value <= 1:
                 raise TargetError(f"{origin}: {key} must be a number in (0, 1], not {value!r}")
             changes[key] = float(value)
+        elif key.endswith("_bandwidth"):  # divides a size
+            if not _is_number(value) or value < MIN_RATE:
+                raise TargetError(
+                    f"{origin}: {key} must be bytes/s of at least {MIN_RATE:g}, not {value!r}"
+                )
+            changes[key] = float(value)
         else:
             if not _is_number(value) or value < 0:
                 raise TargetError(f"{origin}: {key} must be a non-negative number, not {value!r}")
@@ -623,6 +638,11 @@ def _protocols(current: dict[str, Protocol], value: Any, origin: str) -> dict[st
             )
         if not all(_is_number(v) and v >= 0 for v in fields.values()):
             raise TargetError(f"{origin}: protocol '{name}': fields must be non-negative numbers")
+        if not 0 < fields.get("bandwidth_fraction", 1.0) <= 1:
+            raise TargetError(
+                f"{origin}: protocol '{name}': bandwidth_fraction must be in (0, 1] (a share "
+                "of the link)"
+            )
         base = result.get(name)
         if base is None:
             missing = names - set(fields) - {"bandwidth_fraction"}
@@ -657,4 +677,5 @@ def _relative_to(path: str, origin: str) -> Path:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """A finite JSON number (Python's json reads NaN and Infinity too)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
