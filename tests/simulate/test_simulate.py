@@ -682,6 +682,7 @@ def test_targets_and_overrides(tmp_path: Path) -> None:
         ("network_bandwidth", float("nan"), "network_bandwidth must be bytes/s of at least 1"),
         ("matrix_flops", {"bf16": 0}, "matrix_flops must map precision names to FLOP/s of at"),
         ("kernel_overhead", float("inf"), "kernel_overhead must be a non-negative number"),
+        ("kernel_overhead", 10**400, "kernel_overhead must be a non-negative number"),
         (
             "protocols",
             {"simple": {"bandwidth_fraction": 0}},

@@ -677,5 +677,11 @@ def _relative_to(path: str, origin: str) -> Path:
 
 
 def _is_number(value: Any) -> bool:
-    """A finite JSON number (Python's json reads NaN and Infinity too)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A JSON number a float holds (Python's json reads NaN, Infinity and integers of
+    any length too)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond any float
+        return False
