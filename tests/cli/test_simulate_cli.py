@@ -288,6 +288,11 @@ def test_a_users_table_prices_the_collectives(tmp_path: Path) -> None:
         (SLOW_TABLE[: SLOW_TABLE.rindex("}")], ":2:", "never closed"),
         (SLOW_TABLE.replace('"sm_90"', '"sm_100_B200"'), "",
          "no measurements for 'sm_90'; the table has: sm_100_B200"),
+        (SLOW_TABLE.replace("bytes_per_sec: 1000000000", "bytes_per_sec: 1.5", 1), ":11:",
+         "field 'network_throughput_bytes_per_sec' must be an integer"),
+        (SLOW_TABLE.replace("bytes_per_sec: 1000000000", "bytes_per_sec: 1 "
+                            "network_throughput_bytes_per_sec: 2", 1), ":11:",
+         "field 'network_throughput_bytes_per_sec' is given 2 times"),
     ],
 )  # fmt: skip
 def test_a_bad_table_is_a_usage_error_naming_file_and_line(
@@ -386,14 +391,20 @@ def test_a_profile_says_how_much_of_the_step_was_measured(tmp_path: Path) -> Non
     assert span["low"] < span["expected"] < span["high"]
 
 
-def test_a_bad_profile_is_a_usage_error_naming_file_and_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("second", "what"),
+    [
+        ('costs { name: "b" cost_us: -3 }', "cost_us of 'b' must be a non-negative number"),
+        ('costs { name: "b" cost_us: 1.0 cost_us: 2.0 }', "field 'cost_us' is given 2 times"),
+        ('costs { name: "b" cost_us: "x" }', "cost_us"),
+    ],
+)
+def test_a_bad_profile_is_a_usage_error_naming_file_and_line(
+    tmp_path: Path, second: str, what: str
+) -> None:
     profile = tmp_path / "pgle.pbtxt"
-    profile.write_text('costs { name: "a" cost_us: 1.0 }\ncosts { name: "b" cost_us: -3 }\n')
-    assert_usage_error(
-        simulate(TP_DP, f"--profile={profile}"),
-        f"--profile: {profile}:2:",
-        "cost_us of 'b' must be a non-negative number",
-    )
+    profile.write_text(f'costs {{ name: "a" cost_us: 1.0 }}\n{second}\n')
+    assert_usage_error(simulate(TP_DP, f"--profile={profile}"), f"--profile: {profile}:2:", what)
     err = io.StringIO()
     assert simulate_command(str(TP_DP), profile=str(profile), err=err) == 2
     assert f"{profile}:2:" in err.getvalue()

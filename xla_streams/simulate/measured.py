@@ -579,10 +579,15 @@ def device_entry(entry: Message, path: str) -> tuple[str, Message]:
 
 def _measurements(root: Message, path: str) -> list[Measurement]:
     measurements: list[Measurement] = []
-    for entry in root.messages("entries"):
-        device, profiles = device_entry(entry, path)
-        for profile in profiles.messages("entries"):
-            measurements.append(_measurement(device, profile, path))
+    try:
+        for entry in root.messages("entries"):
+            device, profiles = device_entry(entry, path)
+            for profile in profiles.messages("entries"):
+                measurements.append(_measurement(device, profile, path))
+    except PerfTableError:
+        raise
+    except ProtoError as e:  # a field of the wrong kind, or given twice
+        raise PerfTableError(e.message, path=e.path, line=e.line) from None
     if not measurements:
         raise PerfTableError(
             'no measurements: expected `entries { key: "sm_90" value { entries { ... } } }`',

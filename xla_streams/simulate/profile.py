@@ -115,18 +115,21 @@ def module_fingerprint(module: Module) -> str | None:
 
 def parse_profile(text: str, path: str = "<string>") -> Profile:
     try:
-        root = parse_text(text, path)
-    except ProtoError as e:
+        return _profile(parse_text(text, path), path)
+    except ProfileError:
+        raise
+    except ProtoError as e:  # not a text proto, or a field of the wrong kind or given twice
         raise ProfileError(e.message, path=e.path, line=e.line) from None
-    return _profile(root, path)
 
 
 def decode_profile(data: bytes, path: str = "<bytes>") -> Profile:
     try:
         root = decode_wire(data, PROFILE_SCHEMA, "ProfiledInstructionsProto", path=path)
+        return _profile(root, path)
+    except ProfileError:
+        raise
     except ProtoError as e:
         raise ProfileError(e.message, path=e.path, line=e.line) from None
-    return _profile(root, path)
 
 
 def load_profile(path: str | Path) -> Profile:
