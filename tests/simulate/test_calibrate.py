@@ -5,6 +5,7 @@ recovered from measurements made to differ from the model by known factors, and
 
 from __future__ import annotations
 
+import copy
 import gzip
 import io
 import json
@@ -124,3 +125,43 @@ def test_a_trace_of_something_else_is_refused_with_what_it_holds(tmp_path: Path)
     assert code == 2 and "--trace: cannot read" in err
     code, _, err = _calibrate(str(MODULE))
     assert code == 2 and "missing --trace" in err
+
+
+def test_events_the_reader_cannot_use_are_passed_over_and_a_bad_kernel_is_named() -> None:
+    trace = profiler_trace([(7, "fusion.1", 0.0, 10.0), (13, "fusion.2", 5.0, 20.0)])
+    events = trace["traceEvents"]
+    # Metadata and other events of shapes JAX never writes: not a GPU, not a stream.
+    events += [
+        7, None, [], {"name": "process_name", "pid": [1], "args": {"name": "/device:GPU:1"}},
+        {"name": "thread_name", "pid": 1, "tid": {"x": 1}, "args": {"name": "Stream #9"}},
+        {"name": "process_name", "pid": 2, "args": ["/device:GPU:2"]},
+        {"ph": "X", "pid": 1, "tid": 7, "args": "hlo_op"},
+        {"ph": "X", "pid": [1], "tid": 7, "args": {"hlo_op": "fusion.3"}},
+    ]  # fmt: skip
+    kernels, found = gpu_kernels(trace)
+    assert sorted((k.hlo_op, k.duration) for k in kernels) == [
+        ("fusion.1", 10.0),
+        ("fusion.2", 20.0),
+    ]
+    assert found["gpu_processes"] == ["/device:GPU:0"]
+    # A kernel the calibration would read, with a time that is no number, is named.
+    for ts, dur in ((0.0, "10"), (float("nan"), 1.0), (0.0, -1.0), (True, 1.0)):
+        broken = copy.deepcopy(trace)
+        broken["traceEvents"].append(
+            {"ph": "X", "pid": 1, "tid": 7, "ts": ts, "dur": dur, "args": {"hlo_op": "f"}}
+        )
+        index = len(broken["traceEvents"]) - 1
+        with pytest.raises(ValueError, match=rf"traceEvents\[{index}\]: a kernel needs"):
+            gpu_kernels(broken)
+
+
+def test_a_cut_gzip_or_a_deep_json_is_refused(tmp_path: Path) -> None:
+    whole = gzip.compress(json.dumps(profiler_trace([(7, "fusion.1", 0, 10)])).encode())
+    cut = tmp_path / "perfetto_trace.json.gz"
+    cut.write_bytes(whole[: len(whole) // 2])
+    code, _, err = _calibrate(str(MODULE), f"--trace={cut}")
+    assert code == 2 and "it ends early" in err
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000)
+    with pytest.raises(ValueError, match="nested too deeply"):
+        load_trace(deep)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any
 class Kernel:
     """One GPU kernel of a profiler trace, on one CUDA stream (``line``)."""
 
-    line: tuple[int, int]  # (pid, tid)
+    line: tuple[int | str, int | str]  # (pid, tid), as the trace writes them
     name: str
     hlo_op: str
     begin: float  # microseconds
@@ -34,8 +35,13 @@ def load_trace(path: Path) -> dict[str, Any]:
     """The trace in ``path`` (gzipped when its name ends in ``.gz``); OSError or
     ValueError for a file that is not one."""
     opener: Callable[..., Any] = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        data = json.load(f)
+    try:
+        with opener(path, "rt") as f:
+            data = json.load(f)
+    except EOFError:  # a gzip stream cut short
+        raise ValueError("not a whole gzip file: it ends early") from None
+    except RecursionError:
+        raise ValueError("not a Chrome-format trace: JSON nested too deeply") from None
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise ValueError("not a Chrome-format trace: no list of traceEvents")
     return data
@@ -61,25 +67,40 @@ def gpu_kernels(trace: dict[str, Any]) -> tuple[list[Kernel], dict[str, Any]]:
     """
     events = [e for e in trace.get("traceEvents", []) if isinstance(e, dict)]
     processes = {
-        e.get("pid"): e.get("args", {}).get("name", "")
+        pid: name
         for e in events
         if e.get("name") == "process_name"
+        and (pid := _id(e.get("pid"))) is not None
+        and (name := _name(e)) is not None
     }
     lines = {
-        (e.get("pid"), e.get("tid")): e.get("args", {}).get("name", "")
+        (pid, tid): name
         for e in events
         if e.get("name") == "thread_name"
+        and (pid := _id(e.get("pid"))) is not None
+        and (tid := _id(e.get("tid"))) is not None
+        and (name := _name(e)) is not None
     }
     gpus = {pid for pid, name in processes.items() if "GPU" in name}
     streams = {key for key, name in lines.items() if key[0] in gpus and name.startswith("Stream")}
-    kernels = [
-        Kernel((e["pid"], e["tid"]), e.get("name", ""), str(e["args"]["hlo_op"]),
-               float(e.get("ts", 0.0)), float(e.get("dur", 0.0)))
-        for e in events
-        if e.get("ph") == "X"
-        and (e.get("pid"), e.get("tid")) in streams
-        and "hlo_op" in e.get("args", {})
-    ]  # fmt: skip
+    kernels = []
+    for index, e in enumerate(trace.get("traceEvents", [])):
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        line = (_id(e.get("pid")), _id(e.get("tid")))
+        args = e.get("args")
+        if line not in streams or not isinstance(args, dict) or "hlo_op" not in args:
+            continue
+        op, begin, duration = args["hlo_op"], e.get("ts", 0.0), e.get("dur", 0.0)
+        if not isinstance(op, str) or not _time(begin) or not _time(duration) or duration < 0:
+            raise ValueError(
+                f"traceEvents[{index}]: a kernel needs a string hlo_op and numbers ts and "
+                f"dur (dur at least 0), found hlo_op={op!r}, ts={begin!r}, dur={duration!r}"
+            )
+        name = e.get("name")
+        kernels.append(
+            Kernel(line, name if isinstance(name, str) else "", op, float(begin), float(duration))
+        )
     found = {
         "gpu_processes": sorted(processes[p] for p in gpus),
         "stream_lines": sorted(lines[k] for k in streams),
@@ -94,3 +115,20 @@ def seconds_by_instruction(kernels: list[Kernel], steps: int) -> dict[str, float
     for k in kernels:
         total[k.hlo_op] = total.get(k.hlo_op, 0.0) + k.duration * 1e-6
     return {name: seconds / steps for name, seconds in total.items()}
+
+
+def _id(value: Any) -> int | str | None:
+    """A process or thread id as Chrome traces write one (a number or a string)."""
+    return value if isinstance(value, int | str) and not isinstance(value, bool) else None
+
+
+def _name(event: dict[str, Any]) -> str | None:
+    """The name a metadata event gives its process or thread."""
+    args = event.get("args")
+    name = args.get("name") if isinstance(args, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def _time(value: Any) -> bool:
+    """A time in microseconds: a finite number."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
