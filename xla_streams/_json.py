@@ -147,7 +147,11 @@ class Value:
     def number(self, minimum: float | None = None) -> float:
         """A finite number (an integer is one), at least ``minimum`` if given."""
         ok = isinstance(self.raw, int | float) and not isinstance(self.raw, bool)
-        if not ok or not math.isfinite(self.raw):
+        try:
+            ok = ok and math.isfinite(self.raw)
+        except OverflowError:  # an integer beyond any float
+            ok = False
+        if not ok:
             self.fail(f"expected a number, got {describe(self.raw)}")
         if minimum is not None and self.raw < minimum:
             self.fail(f"expected a number >= {minimum}, got {self.raw}")

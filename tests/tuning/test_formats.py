@@ -107,6 +107,11 @@ def test_a_tune_result_field_of_the_wrong_type_is_named() -> None:
     data["decision"] = "maybe"
     with pytest.raises(TuneError, match=r"^tune.json: decision: expected one of"):
         TuneResult.from_json(_json.Value(data, "tune.json", "", TuneError))
+    # JSON reads an integer of any length; one beyond any float is no number.
+    data = _result().to_json()
+    data["baseline"]["predicted_step_ms"] = 10**400
+    with pytest.raises(TuneError, match=r"^tune.json: baseline.predicted_step_ms: expected a "):
+        TuneResult.from_json(_json.Value(data, "tune.json", "", TuneError))
 
 
 def _doc(data: object) -> _json.Value:
