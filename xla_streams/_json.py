@@ -25,6 +25,17 @@ from typing import Any, NoReturn
 MAX_BYTES = 64 << 20  # no project file comes near; a larger one is not ours
 
 
+def is_finite_number(value: Any) -> bool:
+    """A JSON number a float holds: not a bool, not NaN or Infinity (Python's json reads
+    them), not an integer beyond any float (it reads integers of any length)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def load(
     path: str | os.PathLike[str],
     error: type[Exception] = ValueError,
@@ -146,12 +157,7 @@ class Value:
 
     def number(self, minimum: float | None = None) -> float:
         """A finite number (an integer is one), at least ``minimum`` if given."""
-        ok = isinstance(self.raw, int | float) and not isinstance(self.raw, bool)
-        try:
-            ok = ok and math.isfinite(self.raw)
-        except OverflowError:  # an integer beyond any float
-            ok = False
-        if not ok:
+        if not is_finite_number(self.raw):
             self.fail(f"expected a number, got {describe(self.raw)}")
         if minimum is not None and self.raw < minimum:
             self.fail(f"expected a number >= {minimum}, got {self.raw}")

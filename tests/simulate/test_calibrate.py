@@ -145,7 +145,7 @@ def test_events_the_reader_cannot_use_are_passed_over_and_a_bad_kernel_is_named(
     ]
     assert found["gpu_processes"] == ["/device:GPU:0"]
     # A kernel the calibration would read, with a time that is no number, is named.
-    for ts, dur in ((0.0, "10"), (float("nan"), 1.0), (0.0, -1.0), (True, 1.0)):
+    for ts, dur in ((0.0, "10"), (float("nan"), 1.0), (0.0, -1.0), (True, 1.0), (10**400, 1.0)):
         broken = copy.deepcopy(trace)
         broken["traceEvents"].append(
             {"ph": "X", "pid": 1, "tid": 7, "ts": ts, "dur": dur, "args": {"hlo_op": "f"}}

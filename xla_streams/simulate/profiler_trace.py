@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from xla_streams._json import is_finite_number
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,8 @@ def gpu_kernels(trace: dict[str, Any]) -> tuple[list[Kernel], dict[str, Any]]:
         if line not in streams or not isinstance(args, dict) or "hlo_op" not in args:
             continue
         op, begin, duration = args["hlo_op"], e.get("ts", 0.0), e.get("dur", 0.0)
-        if not isinstance(op, str) or not _time(begin) or not _time(duration) or duration < 0:
+        timed = is_finite_number(begin) and is_finite_number(duration) and duration >= 0
+        if not isinstance(op, str) or not timed:
             raise ValueError(
                 f"traceEvents[{index}]: a kernel needs a string hlo_op and numbers ts and "
                 f"dur (dur at least 0), found hlo_op={op!r}, ts={begin!r}, dur={duration!r}"
@@ -127,8 +129,3 @@ def _name(event: dict[str, Any]) -> str | None:
     args = event.get("args")
     name = args.get("name") if isinstance(args, dict) else None
     return name if isinstance(name, str) else None
-
-
-def _time(value: Any) -> bool:
-    """A time in microseconds: a finite number."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -157,11 +157,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xla_streams._json import is_finite_number
 from xla_streams.simulate.attention import AttentionCall, default_attention_table
 from xla_streams.simulate.matmul import GemmShape, default_matmul_table
 from xla_streams.simulate.measured import (
@@ -532,7 +532,7 @@ def target_with_overrides(
         current = getattr(target, key)
         if key == "matrix_flops":
             if not isinstance(value, dict) or not all(
-                _is_number(v) and v >= MIN_RATE for v in value.values()
+                is_finite_number(v) and v >= MIN_RATE for v in value.values()
             ):
                 raise TargetError(
                     f"{origin}: matrix_flops must map precision names to FLOP/s of at least "
@@ -591,17 +591,17 @@ def target_with_overrides(
                 raise TargetError(f"{origin}: {key} must be an integer of at least {least}")
             changes[key] = value
         elif key.endswith(("_efficiency", "_fraction")):  # a share of a peak: divides
-            if not _is_number(value) or not 0 < value <= 1:
+            if not is_finite_number(value) or not 0 < value <= 1:
                 raise TargetError(f"{origin}: {key} must be a number in (0, 1], not {value!r}")
             changes[key] = float(value)
         elif key.endswith("_bandwidth"):  # divides a size
-            if not _is_number(value) or value < MIN_RATE:
+            if not is_finite_number(value) or value < MIN_RATE:
                 raise TargetError(
                     f"{origin}: {key} must be bytes/s of at least {MIN_RATE:g}, not {value!r}"
                 )
             changes[key] = float(value)
         else:
-            if not _is_number(value) or value < 0:
+            if not is_finite_number(value) or value < 0:
                 raise TargetError(f"{origin}: {key} must be a non-negative number, not {value!r}")
             changes[key] = float(value)
     result = dataclasses.replace(target, **changes)
@@ -636,7 +636,7 @@ def _protocols(current: dict[str, Protocol], value: Any, origin: str) -> dict[st
                 f"{origin}: protocol '{name}': unknown field(s) {', '.join(sorted(unknown))}; "
                 f"fields: {', '.join(sorted(names))}"
             )
-        if not all(_is_number(v) and v >= 0 for v in fields.values()):
+        if not all(is_finite_number(v) and v >= 0 for v in fields.values()):
             raise TargetError(f"{origin}: protocol '{name}': fields must be non-negative numbers")
         if not 0 < fields.get("bandwidth_fraction", 1.0) <= 1:
             raise TargetError(
@@ -674,14 +674,3 @@ def _relative_to(path: str, origin: str) -> Path:
     if p.is_absolute() or origin == "overrides":
         return p
     return Path(origin).parent / p
-
-
-def _is_number(value: Any) -> bool:
-    """A JSON number a float holds (Python's json reads NaN, Infinity and integers of
-    any length too)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an integer beyond any float
-        return False
