@@ -193,6 +193,14 @@ def test_a_cluster_s_nccl_algo_limits_the_all_reduce_algorithms(tmp_path: Path) 
             "both positive",
         ),
         (
+            {"collective": "all_reduce", "ranks": 16, "ranks_per_host": 8, "size_bytes_busbw_gbps": [[10**400, 1.0]]},
+            "both positive",
+        ),
+        (
+            {"collective": "all_reduce", "ranks": 12, "ranks_per_host": 8, "size_bytes_busbw_gbps": [[1, 1.0]]},
+            "ranks must fill whole hosts of ranks_per_host",
+        ),
+        (
             {"collective": "all_reduce", "ranks": 16, "ranks_per_host": 8, "size_bytes_busbw_gbps": [[1, 500.0]]},
             "a busbw above ranks_per_host x network_bandwidth",
         ),

@@ -102,8 +102,9 @@ most the measured time) and moves its wire bytes in the rest of the measured
 time, so concurrent collectives still share link bandwidth. A collective across
 hosts on a target with an nccl-tests run of its network (``network_nccl_tests``,
 ``nccl_tests.py``) takes the time that run measured for as many bytes through each
-GPU's NIC (the wire bytes at the NIC's rate over the model's), the same way.
-Elsewhere (other collectives across hosts, A100) the alpha-beta model stands.
+GPU's NIC (the wire bytes at the NIC's rate over the model's link rate, the
+protocol's overhead left out), with its own latency in place of the run's, the same
+way. Elsewhere (other collectives across hosts, A100) the alpha-beta model stands.
 
 Simplifications: one bottleneck link class per collective (a collective across
 hosts shares the NICs' bandwidth with other collectives, not NVLink's); the host of

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
+from xla_streams._json import is_finite_number
+
 # Bytes each rank moves, per byte of nccl-tests' ``size``, by test (ranks n).
 _BUS_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -104,6 +106,8 @@ class NcclTestsRun:
             counts[key] = n
         if counts["ranks"] <= counts["ranks_per_host"]:
             raise NcclTestsError(f"{where}: a run across hosts has more ranks than ranks_per_host")
+        if counts["ranks"] % counts["ranks_per_host"]:
+            raise NcclTestsError(f"{where}: ranks must fill whole hosts of ranks_per_host")
         table = value.get("size_bytes_busbw_gbps")
         if not isinstance(table, list) or not table:
             raise NcclTestsError(f"{where}.size_bytes_busbw_gbps: expected a list of [bytes, GB/s]")
@@ -112,8 +116,7 @@ class NcclTestsRun:
             ok = (
                 isinstance(row, list)
                 and len(row) == 2
-                and all(isinstance(v, int | float) and not isinstance(v, bool) for v in row)
-                and all(math.isfinite(v) and v > 0 for v in row)
+                and all(is_finite_number(v) and v > 0 for v in row)
             )
             if not ok:
                 raise NcclTestsError(
