@@ -37,6 +37,11 @@ def aligned(
     return lines
 
 
+def counted(n: int, noun: str) -> str:
+    """``counted(1, "pair")`` -> ``1 pair``, ``counted(2, "pair")`` -> ``2 pairs``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def human_bytes(n: int) -> str:
     """``4194304`` -> ``4.0 MiB``: one decimal in the largest binary unit below 1024 of
     it (TiB at most); below 1 KiB the exact count (``12 B``)."""

@@ -24,7 +24,7 @@ from typing import Any, Literal, get_args
 
 from xla_streams import _json
 from xla_streams._io import atomic_write_many
-from xla_streams._text import aligned, human_bytes
+from xla_streams._text import aligned, counted, human_bytes
 from xla_streams.collectives import (
     COLLECTIVE_OPCODES,
     MAX_STREAMS,
@@ -411,7 +411,7 @@ def format_report(report: AssignmentReport) -> str:
         lines = [
             "(no async collectives"
             + (
-                f": {_count(plain, 'synchronous collective')}, which XLA runs on the compute "
+                f": {counted(plain, 'synchronous collective')}, which XLA runs on the compute "
                 "stream; XLA:CPU has no async collectives, and XLA_STREAMS_MODE=ffi runs them "
                 "on streams)"
                 if plain
@@ -442,15 +442,15 @@ def format_summary(report: AssignmentReport) -> str:
     kinds = ", ".join(f"{kind} {n}" for kind, n in s.pairs_by_kind.items())
     per_comp = ", ".join(f"{name} {n}" for name, n in s.max_in_flight_by_computation.items())
     lines = [
-        f"module {report.module}: {_count(s.async_pairs, 'async pair')}"
+        f"module {report.module}: {counted(s.async_pairs, 'async pair')}"
         + (f" ({kinds})" if kinds else ""),
         f"assigned: {s.assigned} on {s.streams_used} of {report.streams} streams "
         f"(policy {report.policy}); pipelined {s.pipelined}",
         # Two different things, both synchronous: async pairs XLA runs synchronously
         # (summary.sync) and collectives that were never async (synchronous_collectives).
-        f"synchronous: {_count(s.sync, 'sync pair')} (async start and done with nothing "
+        f"synchronous: {counted(s.sync, 'sync pair')} (async start and done with nothing "
         "between, which XLA runs synchronously), "
-        f"{_count(s.synchronous_collectives, 'synchronous collective')} (never async)",
+        f"{counted(s.synchronous_collectives, 'synchronous collective')} (never async)",
         *(
             [
                 f"host transfers: {s.host_transfers} (send/recv to or from the host: not "
@@ -467,21 +467,17 @@ def format_summary(report: AssignmentReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
 def summary_line(compilation: Compilation) -> str:
     """One line for a compiled module: its collectives and where they went."""
     report = build_report(compilation)
     s = report.summary
-    line = f"module {report.module}: {_count(s.async_pairs, 'async pair')}"
+    line = f"module {report.module}: {counted(s.async_pairs, 'async pair')}"
     if s.async_pairs:
         line += f", {s.assigned} on {s.streams_used} of {report.streams} streams"
         if s.serialized_by_rule:
             line += f" ({s.serialized_by_rule} kept together by the deadlock rule)"
     if s.synchronous_collectives:
-        line += f", {_count(s.synchronous_collectives, 'synchronous collective')}"
+        line += f", {counted(s.synchronous_collectives, 'synchronous collective')}"
     return line
 
 

@@ -559,13 +559,15 @@ WRONG_INPUTS = [
 ]  # fmt: skip
 
 
+@pytest.mark.parametrize("command", ["report", "simulate"])
 @pytest.mark.parametrize(("name", "text", "where", "what"), WRONG_INPUTS, ids=lambda v: str(v)[:12])
 def test_the_wrong_input_is_named_with_what_to_give_instead(
-    tmp_path: Path, name: str, text: str, where: str, what: str
+    tmp_path: Path, command: str, name: str, text: str, where: str, what: str
 ) -> None:
+    """simulate too: an unscheduled module has no overlap to predict."""
     path = tmp_path / name
     path.write_text(text)
-    assert_user_error(xla_streams("report", path), f"{path}:{where}", what)
+    assert_user_error(xla_streams(command, path), f"{path}:{where}", what)
 
 
 def test_binary_input_is_named(tmp_path: Path) -> None:

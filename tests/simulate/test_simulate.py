@@ -391,6 +391,32 @@ def test_unknown_trip_count_runs_once_and_says_so() -> None:
     assert once.baseline.step_time < five.baseline.step_time
 
 
+# The module above with a send to the host and a recv from it (a host callback's copies).
+WITH_HOST_TRANSFERS = TWO_INDEPENDENT.replace(
+    "  %w = f32[1024,1024]{1,0} negate(%p0)\n",
+    """  %w = f32[1024,1024]{1,0} negate(%p0)
+  %token = token[] after-all()
+  %to.host = (f32[1024,1024]{1,0}, u32[], token[]) send(%w, %token), channel_id=3, is_host_transfer=true
+  %to.host.done = token[] send-done(%to.host), channel_id=3, is_host_transfer=true
+  %from.host = (f32[16]{0}, u32[], token[]) recv(%to.host.done), channel_id=4, is_host_transfer=true
+  %from.host.done = (f32[16]{0}, token[]) recv-done(%from.host), channel_id=4, is_host_transfer=true
+""",
+)
+
+
+def test_host_transfers_are_no_collectives_and_the_notes_say_they_are_not_priced() -> None:
+    plain, host = predict(TWO_INDEPENDENT), predict(WITH_HOST_TRANSFERS)
+    assert "is_host_transfer=true" in WITH_HOST_TRANSFERS
+    assert len(host.pairs) == len(plain.pairs) == 2
+    for key, result in plain.results.items():
+        assert host.results[key].step_time == pytest.approx(result.step_time, rel=REL)
+    assert plain.notes == []
+    assert host.notes == [
+        "2 send/recv with the host (is_host_transfer=true) not priced: a copy over PCIe "
+        "to or from the host, no device collective"
+    ]
+
+
 def test_repeated_iterations_appear_in_the_timeline() -> None:
     module = parse_module(_loop('backend_config={"known_trip_count":{"n":"50"}}'))
     sim = Simulator(module, H100)
@@ -473,6 +499,18 @@ def test_sync_pairs_run_where_xla_runs_them() -> None:
             assert {lane for lane, busy in result.lane_busy.items() if busy > 0} <= lanes
     assert "collective stream 0 (sync: XLA pins it there)" in format_what_if(what)
     assert "compute stream (sync" in format_what_if(on_compute)
+
+
+def test_a_module_without_async_pairs_is_headed_so() -> None:
+    plain = (
+        SYNC.replace("all-reduce-start", "all-reduce")
+        .replace("  ROOT %ar.done = f32[1048576]{0} all-reduce-done(%ar)\n", "")
+        .replace("  %ar =", "  ROOT %ar =")
+    )
+    what = predict(plain)
+    assert what.pairs == () and len(what.specs) == 1  # priced, as a synchronous collective
+    headline = format_what_if(what).splitlines()[0]
+    assert headline.endswith(": 0 async pairs"), headline
 
 
 # Issue 9's module: an async all-reduce inside each host, an async all-gather

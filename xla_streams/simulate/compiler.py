@@ -92,6 +92,7 @@ class CompiledModule:
         self._programs: dict[str, CompiledComputation] = {}
         self._merged: dict[int, list[Step]] = {}
         self._compiling: set[str] = set()
+        self._host_transfers: set[str] = set()
         self.entry = self._compile(module.entry)
         # The entry with consecutive compute steps folded, for replays that draw nothing.
         self.merged_entry = self._merge(self.entry.steps)
@@ -109,6 +110,11 @@ class CompiledModule:
             self.notes.append(
                 f"{swept} of {collectives} collectives priced from the nccl-tests run of "
                 f"{target.name}'s network, by the bytes each puts through a NIC"
+            )
+        if self._host_transfers:
+            self.notes.append(
+                f"{len(self._host_transfers)} send/recv with the host (is_host_transfer=true) "
+                "not priced: a copy over PCIe to or from the host, no device collective"
             )
         if measured is not None:
             unused = measured.unused()
@@ -238,6 +244,8 @@ class CompiledModule:
                 if callee is not None:
                     steps.extend(callee.steps)
                     serial += callee.serial
+            elif opcode in ("send", "recv") and inst.attribute("is_host_transfer") == "true":
+                self._host_transfers.add(name)  # no device collective: not priced
             elif opcode in ("send", "recv"):
                 # Unpaired: pipelined from an earlier iteration; its done is elsewhere.
                 index = self._add_spec(inst, opcode)

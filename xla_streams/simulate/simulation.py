@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from xla_streams._text import aligned
+from xla_streams._text import aligned, counted
 from xla_streams.collectives import POLICIES, STREAM_COUNTS, Policy, StreamModel
 from xla_streams.hlo import Module
 from xla_streams.simulate.compiler import Progress
@@ -22,6 +22,7 @@ from xla_streams.simulate.visual import pictures, run_xla_multi_streaming
 from xla_streams.simulate.whatif import WhatIf, what_if
 from xla_streams.simulate.xla_estimate import XlaEstimate
 from xla_streams.streams import AsyncPair
+from xla_streams.streams.pairs import check_scheduled
 from xla_streams.xla_options import MULTI_STREAMING
 
 
@@ -75,6 +76,7 @@ def simulate_module(
     also replay XLA's own two-stream placement; ``prediction_range``: also the
     baseline at the ends of the model's error bounds; ``xla_estimate``: XLA's own
     estimate of the module, shown beside the baseline."""
+    check_scheduled(module)  # an unscheduled module has no overlap to predict
     if progress:
         count = sum(len(c.instructions) for c in module.computations)
         progress(f"cost model for {count} instructions")
@@ -132,7 +134,8 @@ def format_what_if(
         places[where] = places.get(where, 0) + 1
     lines = [
         f"module {what.module} on {what.target.name} ({what.target.description}): "
-        f"{len(what.pairs)} async pairs; XLA runs "
+        + counted(len(what.pairs), "async pair")
+        + ("; XLA runs " if places else "")
         + ", ".join(f"{n} on {where}" for where, n in places.items()),
         "predicted step time (exposed communication, speedup over K=1):",
     ]
