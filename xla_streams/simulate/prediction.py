@@ -104,13 +104,16 @@ class ChangeSplit:
 
 @dataclass(frozen=True)
 class Result(Step):
-    """One K and policy (``results[i]``), with each collective stream's busy time and
-    its change over the baseline, split (None in files written before it was added)."""
+    """One K and policy (``results[i]``), with each collective stream's busy time, its
+    change over the baseline, split, and the most CTAs its NCCL kernels in flight
+    together may need (``residency.py``); the last two None in files written before
+    they were added."""
 
     streams: int
     policy: str
     stream_busy_ms: tuple[float, ...]
     change_ms: ChangeSplit | None = None
+    resident_ctas: int | None = None
 
 
 @dataclass(frozen=True)
@@ -261,6 +264,7 @@ class Prediction:
                 change_ms=ChangeSplit(
                     c.queueing * 1e3, c.bandwidth_sharing * 1e3, c.interference * 1e3
                 ),
+                resident_ctas=what.resident_ctas[(k, policy)],
                 **Step.times(r, base),
             )
             for policy in what.policies
@@ -359,6 +363,7 @@ class Prediction:
                             "bandwidth_sharing": r.change_ms.bandwidth_sharing_ms,
                             "interference": r.change_ms.interference_ms,
                         },
+                        "resident_ctas": r.resident_ctas,
                     }
                     for r in self.results
                 ],
@@ -484,12 +489,13 @@ def _read_result(doc: _json.Value) -> Result:
     busy = tuple(b.number(0) for b in doc["stream_busy_ms"].items())
     if len(busy) != streams:
         doc["stream_busy_ms"].fail(f"expected one time per stream ({streams}), got {len(busy)}")
-    change = doc.get("change_ms")
+    change, ctas = doc.get("change_ms"), doc.get("resident_ctas")
     return Result(
         streams=streams,
         policy=doc["policy"].one_of(POLICIES),
         stream_busy_ms=busy,
         change_ms=None if change is None else change.nullable(_read_change),
+        resident_ctas=None if ctas is None else ctas.nullable(lambda v: v.integer(0)),
         **_read_step(doc),
     )
 

@@ -12,6 +12,7 @@ from xla_streams.collectives import POLICIES, STREAM_COUNTS, Policy, StreamModel
 from xla_streams.hlo import Module
 from xla_streams.simulate.compiler import Progress
 from xla_streams.simulate.network import CollectiveSpec
+from xla_streams.simulate.residency import resident_ctas
 from xla_streams.simulate.simulator import Replayed, Simulator
 from xla_streams.simulate.targets import Target
 from xla_streams.simulate.timeline import COMPUTE_LANE, SimResult, lane_name
@@ -45,6 +46,9 @@ class WhatIf:
     ``interference`` is what collectives in flight take from one stream's step.
     ``explanations`` say, for each (K, policy) predicted slower than the next
     smaller K under the same policy, why, naming the pairs that cause it.
+    ``resident_ctas`` is, for each (K, policy), the most CTAs its NCCL kernels in
+    flight together may need (``residency.py``); where that exceeds the GPU's SMs, a
+    note says so.
     """
 
     module: str
@@ -62,6 +66,11 @@ class WhatIf:
     changes: dict[tuple[int, str], Change] = field(default_factory=dict)
     interference: float = 0.0
     explanations: dict[tuple[int, str], str] = field(default_factory=dict)
+    resident_ctas: dict[tuple[int, str], int] = field(default_factory=dict)
+
+    def fits_on_the_gpu(self, key: tuple[int, str]) -> bool:
+        """The NCCL kernels (K, policy) may keep in flight together can all be resident."""
+        return self.resident_ctas[key] <= self.target.sm_count
 
     def result(self, streams: int, policy: str) -> SimResult:
         return self.results[(streams, policy)]
@@ -120,6 +129,16 @@ def what_if(
     lower = simulator.bound(respect_rule=False)
     rule = simulator.bound(respect_rule=True)
     explanations = _explain_non_monotone(simulator, streams, policies, results, assignments, ends)
+    ctas = {
+        key: resident_ctas(simulator.pairs, simulator.specs, a) for key, a in assignments.items()
+    }
+    notes = list(simulator.notes) + [
+        f"K={k} {policy}: its NCCL kernels in flight together may need {n} CTAs, more than "
+        f"the {target.sm_count} SMs of {target.name} (one CTA each): they cannot all be "
+        "resident at once, which the deadlock rule relies on (docs/streams.md)"
+        for (k, policy), n in ctas.items()
+        if n > target.sm_count
+    ]
     return WhatIf(
         module=module.name,
         target=target,
@@ -132,10 +151,11 @@ def what_if(
         serial=simulator.serial_time(),
         pairs=simulator.pairs,
         specs=simulator.specs,
-        notes=list(simulator.notes),
+        notes=notes,
         changes=changes,
         interference=full - calm,
         explanations=explanations,
+        resident_ctas=ctas,
     )
 
 

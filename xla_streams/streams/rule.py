@@ -85,7 +85,8 @@ columns share one device per pair of groups, and their groups form the
 The rule stays XLA's: it excludes the two-rank cycle that any order
 difference between two ranks makes, and relies, as XLA and every TP x DP
 job on separate communicators do, on NCCL kernels of different streams
-being co-resident on the GPU (a few CTAs each).
+being co-resident on the GPU, which ``simulate/residency.py`` checks where the
+GPU is known (an NCCL ring holds 16 to 32 SMs: an H100 fits five).
 """
 
 from __future__ import annotations

@@ -154,7 +154,9 @@ def _simulate(
             ks, policies = (1,), (DEFAULT_POLICY,)
         what = what_if(module, target, ks, policies, simulator=simulator)
         for key, r in what.results.items():
-            results[(key[0], str(key[1]))] = (r.step_time, r.exposed_communication)
+            # More streams than the GPU can keep NCCL kernels of resident: never a pick.
+            if key[0] == 1 or what.fits_on_the_gpu(key):
+                results[(key[0], str(key[1]))] = (r.step_time, r.exposed_communication)
     predicted = CandidatePrediction(results, {}, what, module, pairs)
     ranges = {
         key: predict_range(simulator, predicted.assignment(key))

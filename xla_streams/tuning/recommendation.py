@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from xla_streams import xla_options as xo
 from xla_streams.collectives import DEFAULT_POLICY
+from xla_streams.simulate import Target
 from xla_streams.tuning.evaluation import Evaluation, Key, step_without_interference
 from xla_streams.tuning.levers import Lever, describe, format_bytes
 from xla_streams.tuning.opinion import Candidate, placeholder_notes, second_opinion
@@ -63,6 +64,7 @@ def recommend(
         why = ", ".join(f"{n} because {DROP_STAGES[stage]}" for stage, n in counts.items())
         shown = "; ".join(dict.fromkeys(f"{d.settings}: {d.reason}" for d in dropped[:2]))
         notes.append(f"dropped {len(dropped)} candidate(s), {why} (listed in the table): {shown}")
+    notes += _crowded_notes(evaluations, session.target)
     notes += placeholder_notes([baseline, *candidates])
     if session.unavailable:
         notes.append(
@@ -184,6 +186,29 @@ def _left_out(found: Evaluation, lean: Evaluation) -> str:
         f"left out {extra}: the model prices it as no gain (the search's result is "
         f"{found.step * 1e3:.3f} ms with it, {lean.step * 1e3:.3f} ms without)"
     )
+
+
+def _crowded_notes(evaluations: Sequence[Evaluation], target: Target) -> list[str]:
+    """The note on the stream counts left out of candidates because their NCCL kernels
+    in flight together may need more SMs than the GPU has (``simulate/residency.py``)."""
+    streams: set[int] = set()
+    candidates = most = 0
+    for e in evaluations:
+        if e.what is None:
+            continue
+        over = {k: n for (k, _), n in e.what.resident_ctas.items() if k > 1 and n > target.sm_count}
+        if over:
+            candidates += 1
+            streams |= over.keys()
+            most = max(most, *over.values())
+    if not candidates:
+        return []
+    return [
+        f"K={', '.join(map(str, sorted(streams)))} left out of {candidates} candidate(s): "
+        f"the NCCL kernels in flight together may need up to {most} CTAs, more than the "
+        f"{target.sm_count} SMs of {target.name}, so they could not all be resident at once, "
+        "which the deadlock rule relies on (docs/streams.md)"
+    ]
 
 
 def _without_interference(session: Session, e: Evaluation, key: Key) -> Configuration:

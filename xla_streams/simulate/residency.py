@@ -1,0 +1,70 @@
+"""Whether the NCCL kernels an assignment may keep in flight together fit on the GPU
+at once: the co-residency the deadlock rule relies on (``streams/rule.py``).
+
+The rule lets collectives whose groups share one device run on different streams,
+as XLA's does. Under the strictest reading of NCCL (no forward progress between
+communicators: NVIDIA/nccl#574, #195) that is safe only while the kernel of every
+stream can be resident beside the others: a kernel waiting for its peers keeps its
+SMs, and a kernel that cannot start waits for them. NCCL's own developers name the
+hazard: several ranks on one GPU are "not recommended due to the possibility of
+creating deadlocks in cases where all kernels do not get scheduled simultaneously on
+the GPU" (nluehr in NVIDIA/nccl#103); the emulator closes such a cycle on
+``tp_dp_2d`` when it keeps one waiting kernel per device (docs/runtimes.md).
+Compute kernels do not matter here: they wait for no other device, so they end and
+give their SMs back.
+
+An NCCL CTA takes a whole SM (``nccl.py``): its threads use many registers, capped at
+96 so that 640 of them fit in an SM's 65,536 (``makefiles/common.mk`` 103; sjeaugey
+in NVIDIA/nccl#181: "maxrregcount=96 ... is needed to make sure we can launch up to
+640 threads while having enough registers"; NVIDIA/nccl#689: "NCCL CTAs won't share
+an SM"). So the kernels in flight together fit while their CTAs add up to at most
+the GPU's SMs.
+
+:func:`resident_ctas` bounds what they add up to over one execution from the
+schedule alone, so that no timing (the model's or a real GPU's) exceeds it: at every
+point each stream counts the largest kernel of its pairs in flight there (a stream
+runs its kernels one after another), and the compute stream its largest collective
+(the synchronous ones and the pairs XLA runs there) as if it ran at that point. H100
+holds five of its 24-CTA rings (120 of 132 SMs): six ring all-gathers in flight on
+six streams (K = 8 with an overlap limit of 6 or more) do not fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from xla_streams.simulate.network import CollectiveSpec
+from xla_streams.streams import AsyncPair, StreamAssignment
+
+
+def resident_ctas(
+    pairs: Sequence[AsyncPair], specs: Sequence[CollectiveSpec], assignment: StreamAssignment
+) -> int:
+    """The most CTAs the NCCL kernels of ``assignment`` may hold at once, as the module
+    docstring says. ``specs`` are the simulator's: the first ``len(pairs)`` are the
+    pairs' own, in their order; the rest the blocking collectives and side kernels."""
+    on_compute = [s.cost.sms for s in specs[len(pairs) :] if not s.side]
+    events: list[tuple[int, int, str, int]] = []  # (time, +1 start / -1 done, stream, CTAs)
+    for pair, spec in zip(pairs, specs, strict=False):
+        if pair.lane == "compute":
+            on_compute.append(spec.cost.sms)
+            continue
+        stream = "p2p" if pair.lane == "p2p" else f"collective {assignment.stream_of.get(pair.key)}"
+        for start, done in pair.occurrences:
+            events.append((start, 1, stream, spec.cost.sms))
+            events.append((done, -1, stream, spec.cost.sms))
+    # A done before a start at the same time: occurrences are half-open (AsyncPair.overlaps).
+    events.sort(key=lambda e: (e[0], e[1]))
+    in_flight: dict[str, dict[int, int]] = {}  # stream -> CTAs -> kernels in flight
+    largest: dict[str, int] = {}  # stream -> its largest kernel in flight
+    total = most = 0
+    for _, delta, stream, ctas in events:
+        counts = in_flight.setdefault(stream, {})
+        counts[ctas] = counts.get(ctas, 0) + delta
+        if not counts[ctas]:
+            del counts[ctas]
+        before = largest.get(stream, 0)
+        largest[stream] = max(counts, default=0)
+        total += largest[stream] - before
+        most = max(most, total)
+    return most + max(on_compute, default=0)
