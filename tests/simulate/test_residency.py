@@ -1,6 +1,7 @@
 """Whether the NCCL kernels a stream assignment may keep in flight together fit on the GPU
-(``xla_streams/simulate/residency.py``): the bound, the note simulate prints, the JSON
-field, and tune leaving out the stream counts that do not fit.
+(``xla_streams/simulate/residency.py``): the bound (against its definition, computed
+point by point, on random schedules), the note simulate prints, the JSON field, and tune
+leaving out the stream counts that do not fit.
 
 The modules gather over the perfect matchings of 8 GPUs: any two of those groups share
 one device at most, so the deadlock rule lets each all-gather take a stream of its own,
@@ -9,6 +10,10 @@ and each is a 24-CTA ring on an H100 (1 MiB over 2 GPUs: NCCL's 24 channels).
 
 from __future__ import annotations
 
+import random
+from types import SimpleNamespace
+
+import pytest
 from conftest import ADD_REDUCER, CompiledStandIn
 
 from xla_streams.hlo import parse_module
@@ -16,7 +21,7 @@ from xla_streams.simulate import get_target, what_if
 from xla_streams.simulate.prediction import Prediction
 from xla_streams.simulate.residency import resident_ctas
 from xla_streams.simulate.simulation import format_what_if
-from xla_streams.streams import assign_streams
+from xla_streams.streams import AsyncPair, StreamAssignment, assign_streams
 from xla_streams.tuning.driver import tune_lowered
 from xla_streams.tuning.result import TuneResult
 
@@ -105,9 +110,9 @@ def test_six_rings_on_six_streams_do_not_fit_on_an_h100_and_the_output_says_so()
 
 def test_a_stream_holds_one_kernel_at_a_time() -> None:
     """Six rings in flight on one stream need the SMs of one."""
-    module = parse_module(gathers(6))
-    what = what_if(module, H100, (1,), ("interval",))
-    assert resident_ctas(what.pairs, what.specs, assign_streams(what.pairs, 1, "interval")) == RING
+    what = what_if(parse_module(gathers(6)), H100, (1,), ("interval",))
+    one = {"K=1": assign_streams(what.pairs, 1, "interval")}
+    assert resident_ctas(what.pairs, what.specs, one) == {"K=1": RING}
 
 
 def test_the_compute_stream_counts_its_largest_collective() -> None:
@@ -142,3 +147,40 @@ def test_tune_never_picks_streams_whose_kernels_cannot_all_be_resident() -> None
     left_out = [n for n in six.notes if "resident" in n]
     assert len(left_out) == 1 and left_out[0].startswith("K=8 left out of ")
     assert "may need up to 144 CTAs, more than the 132 SMs of h100" in left_out[0]
+
+
+def _brute_force(
+    occurrences: list[list[tuple[int, int]]], streams: list[int], ctas: list[int]
+) -> int:
+    """At every start, each stream's largest kernel in flight, summed: the definition."""
+    most = 0
+    for t in {a for occ in occurrences for a, _ in occ}:
+        largest: dict[int, int] = {}
+        for occ, stream, n in zip(occurrences, streams, ctas, strict=True):
+            if any(a <= t < b for a, b in occ):
+                largest[stream] = max(largest.get(stream, 0), n)
+        most = max(most, sum(largest.values()))
+    return most
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_bound_is_the_definition_on_random_schedules(seed: int) -> None:
+    rng = random.Random(seed)
+    count = rng.randint(1, 12)
+    occurrences = []
+    for _ in range(count):
+        starts = sorted(rng.sample(range(60), rng.randint(1, 3)))
+        occurrences.append([(a, a + rng.randint(1, 15)) for a in starts])
+    streams = [rng.randrange(3) for _ in range(count)]
+    ctas = [rng.choice((1, 4, 16, 24, 32)) for _ in range(count)]
+    pairs = [
+        AsyncPair("main", f"s{i}", f"d{i}", "all-gather", 0, 1, occ[0][0], occ[0][1], False,
+                  False, ((0, 1),), 1, occurrences=tuple(occ))
+        for i, occ in enumerate(occurrences)
+    ]  # fmt: skip
+    specs = [SimpleNamespace(cost=SimpleNamespace(sms=n), side=False) for n in ctas]
+    assignment = StreamAssignment(
+        3, "interval", {p.key: s for p, s in zip(pairs, streams, strict=True)}
+    )
+    found = resident_ctas(pairs, specs, {"k": assignment})  # type: ignore[arg-type]
+    assert found == {"k": _brute_force(occurrences, streams, ctas)}

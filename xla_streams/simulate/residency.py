@@ -31,40 +31,66 @@ six streams (K = 8 with an overlap limit of 6 or more) do not fit.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 from xla_streams.simulate.network import CollectiveSpec
 from xla_streams.streams import AsyncPair, StreamAssignment
 
 
-def resident_ctas(
-    pairs: Sequence[AsyncPair], specs: Sequence[CollectiveSpec], assignment: StreamAssignment
-) -> int:
-    """The most CTAs the NCCL kernels of ``assignment`` may hold at once, as the module
+def resident_ctas[Key: Hashable](
+    pairs: Sequence[AsyncPair],
+    specs: Sequence[CollectiveSpec],
+    assignments: Mapping[Key, StreamAssignment],
+) -> dict[Key, int]:
+    """The most CTAs the NCCL kernels of each assignment may hold at once, as the module
     docstring says. ``specs`` are the simulator's: the first ``len(pairs)`` are the
     pairs' own, in their order; the rest the blocking collectives and side kernels."""
+    ctas = [spec.cost.sms for spec in specs[: len(pairs)]]
     on_compute = [s.cost.sms for s in specs[len(pairs) :] if not s.side]
-    events: list[tuple[int, int, str, int]] = []  # (time, +1 start / -1 done, stream, CTAs)
-    for pair, spec in zip(pairs, specs, strict=False):
-        if pair.lane == "compute":
-            on_compute.append(spec.cost.sms)
-            continue
-        stream = "p2p" if pair.lane == "p2p" else f"collective {assignment.stream_of.get(pair.key)}"
-        for start, done in pair.occurrences:
-            events.append((start, 1, stream, spec.cost.sms))
-            events.append((done, -1, stream, spec.cost.sms))
-    # A done before a start at the same time: occurrences are half-open (AsyncPair.overlaps).
-    events.sort(key=lambda e: (e[0], e[1]))
-    in_flight: dict[str, dict[int, int]] = {}  # stream -> CTAs -> kernels in flight
-    largest: dict[str, int] = {}  # stream -> its largest kernel in flight
+    on_compute += [n for pair, n in zip(pairs, ctas, strict=True) if pair.lane == "compute"]
+    # (time, -1 done / +1 start, pair): a done first at a tie, as occurrences are
+    # half-open (AsyncPair.overlaps).
+    events = sorted(
+        (time, delta, i)
+        for i, pair in enumerate(pairs)
+        if pair.lane != "compute"
+        for start, done in pair.occurrences
+        for time, delta in ((start, 1), (done, -1))
+    )
+    peaks: dict[tuple[int | str | None, ...], int] = {}  # by where each pair runs
+    found = {}
+    for key, assignment in assignments.items():
+        streams = tuple(
+            "p2p" if p.lane == "p2p" else assignment.stream_of.get(p.key) for p in pairs
+        )
+        if streams not in peaks:
+            peaks[streams] = _peak(events, streams, ctas)
+        found[key] = peaks[streams] + max(on_compute, default=0)
+    return found
+
+
+def _peak(
+    events: list[tuple[int, int, int]], streams: Sequence[int | str | None], ctas: Sequence[int]
+) -> int:
+    """The most CTAs in flight at once, each stream counted at its largest kernel."""
+    in_flight: dict[int | str | None, dict[int, int]] = {}  # stream -> CTAs -> kernels
+    largest: dict[int | str | None, int] = {}
     total = most = 0
-    for _, delta, stream, ctas in events:
+    for _, delta, i in events:
+        stream, n = streams[i], ctas[i]
         counts = in_flight.setdefault(stream, {})
-        counts[ctas] = counts.get(ctas, 0) + delta
-        if not counts[ctas]:
-            del counts[ctas]
         before = largest.get(stream, 0)
-        largest[stream] = max(counts, default=0)
-        total += largest[stream] - before
-        most = max(most, total)
-    return most + max(on_compute, default=0)
+        if delta > 0:
+            counts[n] = counts.get(n, 0) + 1
+            if n > before:
+                largest[stream] = n
+                total += n - before
+                most = max(most, total)
+        elif counts[n] > 1:
+            counts[n] -= 1
+        else:
+            del counts[n]
+            if n == before:  # its largest kernel ended: the next largest counts now
+                largest[stream] = max(counts, default=0)
+                total += largest[stream] - before
+    return most

@@ -129,9 +129,7 @@ def what_if(
     lower = simulator.bound(respect_rule=False)
     rule = simulator.bound(respect_rule=True)
     explanations = _explain_non_monotone(simulator, streams, policies, results, assignments, ends)
-    ctas = {
-        key: resident_ctas(simulator.pairs, simulator.specs, a) for key, a in assignments.items()
-    }
+    ctas = resident_ctas(simulator.pairs, simulator.specs, assignments)
     notes = list(simulator.notes) + [
         f"K={k} {policy}: its NCCL kernels in flight together may need {n} CTAs, more than "
         f"the {target.sm_count} SMs of {target.name} (one CTA each): they cannot all be "
