@@ -145,7 +145,8 @@ def test_tune_never_picks_streams_whose_kernels_cannot_all_be_resident() -> None
     assert six.pick is not None and six.pick.streams == 4
     assert all(8 not in c.by_streams for c in six.candidates)
     left_out = [n for n in six.notes if "resident" in n]
-    assert len(left_out) == 1 and left_out[0].startswith("K=8 left out of ")
+    assert len(left_out) == 1
+    assert left_out[0].startswith("K=8 interval, K=8 round-robin left out of 2 candidate(s)")
     assert "may need up to 144 CTAs, more than the 132 SMs of h100" in left_out[0]
 
 

@@ -189,25 +189,27 @@ def _left_out(found: Evaluation, lean: Evaluation) -> str:
 
 
 def _crowded_notes(evaluations: Sequence[Evaluation], target: Target) -> list[str]:
-    """The note on the stream counts left out of candidates because their NCCL kernels
-    in flight together may need more SMs than the GPU has (``simulate/residency.py``)."""
-    streams: set[int] = set()
+    """The note on the stream counts left out of candidates (``evaluation._simulate``)
+    because their NCCL kernels in flight together may need more SMs than the GPU has."""
+    left_out: set[tuple[int, str]] = set()
     candidates = most = 0
     for e in evaluations:
-        if e.what is None:
+        what = e.what
+        if what is None:
             continue
-        over = {k: n for (k, _), n in e.what.resident_ctas.items() if k > 1 and n > target.sm_count}
+        over = [key for key in what.resident_ctas if key[0] > 1 and not what.fits_on_the_gpu(key)]
         if over:
             candidates += 1
-            streams |= over.keys()
-            most = max(most, *over.values())
+            left_out.update(over)
+            most = max(most, *(what.resident_ctas[key] for key in over))
     if not candidates:
         return []
+    which = ", ".join(f"K={k} {policy}" for k, policy in sorted(left_out))
     return [
-        f"K={', '.join(map(str, sorted(streams)))} left out of {candidates} candidate(s): "
-        f"the NCCL kernels in flight together may need up to {most} CTAs, more than the "
-        f"{target.sm_count} SMs of {target.name}, so they could not all be resident at once, "
-        "which the deadlock rule relies on (docs/streams.md)"
+        f"{which} left out of {candidates} candidate(s): the NCCL kernels in flight together "
+        f"may need up to {most} CTAs, more than the {target.sm_count} SMs of {target.name}, "
+        "so they could not all be resident at once, which the deadlock rule relies on "
+        "(docs/streams.md)"
     ]
 
 
