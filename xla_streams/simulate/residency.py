@@ -3,15 +3,17 @@ at once: the co-residency the deadlock rule relies on (``streams/rule.py``).
 
 The rule lets collectives whose groups share one device run on different streams,
 as XLA's does. Under the strictest reading of NCCL (no forward progress between
-communicators: NVIDIA/nccl#574, #195) that is safe only while the kernel of every
-stream can be resident beside the others: a kernel waiting for its peers keeps its
-SMs, and a kernel that cannot start waits for them. NCCL's own developers name the
-hazard: several ranks on one GPU are "not recommended due to the possibility of
-creating deadlocks in cases where all kernels do not get scheduled simultaneously on
-the GPU" (nluehr in NVIDIA/nccl#103); the emulator closes such a cycle on
-``tp_dp_2d`` when it keeps one waiting kernel per device (docs/runtimes.md).
-Compute kernels do not matter here: they wait for no other device, so they end and
-give their SMs back.
+communicators: NVIDIA/nccl#574, #195) no order of the work can deadlock while the
+kernel of every stream can be resident beside the others (the emulator's
+``residency`` at the streams in use, docs/runtimes.md). With fewer, a kernel waiting
+for its peers keeps its SMs while another waits for them, and a cycle can form, not
+must: the emulator closes one on ``tp_dp_2d`` when it keeps one waiting kernel per
+device. NCCL's own developers name the hazard: several ranks on one GPU are "not
+recommended due to the possibility of creating deadlocks in cases where all kernels
+do not get scheduled simultaneously on the GPU" (nluehr in NVIDIA/nccl#103). Compute
+kernels do not matter here: they wait for no other device, so they end and give
+their SMs back. So this is the premise checked, the safe side of it: an assignment
+over the GPU's SMs may still never hang, but nothing then guarantees it.
 
 An NCCL CTA takes a whole SM (``nccl.py``): its threads use many registers, capped at
 96 so that 640 of them fit in an SM's 65,536 (``makefiles/common.mk`` 103; sjeaugey
