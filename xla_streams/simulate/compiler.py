@@ -388,7 +388,9 @@ class CompiledModule:
         return found
 
     def serial_time(self) -> float:
-        """Everything one after another: compute plus every collective standalone."""
+        """Everything one after another: compute plus every collective standalone, but a
+        send or recv whose done is elsewhere (pipelined from an earlier iteration), which
+        no step waits for here, as the replay lets it drain without extending the step."""
         return self.entry.serial
 
 
