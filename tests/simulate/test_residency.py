@@ -17,6 +17,7 @@ import pytest
 from conftest import ADD_REDUCER, CompiledStandIn
 
 from xla_streams.hlo import parse_module
+from xla_streams.jax_compat import hlo_bindings
 from xla_streams.simulate import get_target, what_if
 from xla_streams.simulate.prediction import Prediction
 from xla_streams.simulate.residency import resident_ctas
@@ -80,6 +81,8 @@ def test_the_groups_share_one_device_at_most_so_each_gather_can_take_its_own_str
     for i, a in enumerate(rounds):
         for b in rounds[i + 1 :]:
             assert all(len(x & y) <= 1 for x in a for y in b)
+    for text in (gathers(6), gathers(2, sync_all_reduce=True)):
+        hlo_bindings().hlo_module_from_text(text)  # modules XLA reads
     what = what_if(parse_module(gathers(6)), H100, STREAMS, ("interval",))
     assert [spec.cost.sms for spec in what.specs] == [RING] * 6
     assert len(set(what.assignments[(8, "interval")].stream_of.values())) == 6

@@ -34,6 +34,7 @@ from conftest import ADD_REDUCER
 from xla_streams.cli.simulate import parse_policies, parse_streams, simulate_command
 from xla_streams.collectives import StreamModel
 from xla_streams.hlo import parse_module
+from xla_streams.jax_compat import hlo_bindings
 from xla_streams.passes.base import Compilation
 from xla_streams.pipeline import PassManager
 from xla_streams.simulate import Simulator, WhatIf, collective_cost, get_target, what_if
@@ -97,7 +98,7 @@ def negate(elements: int, t: Target = H100) -> float:
 # they use different links, so nothing is shared.
 TWO_INDEPENDENT = """HloModule two_independent, is_scheduled=true, num_partitions=8
 
-ENTRY %main (p0: f32[1024,1024], p1: f32[2048,1024]) -> (f32[4096,1024], f32[4096,1024]) {
+ENTRY %main (p0: f32[1024,1024], p1: f32[2048,1024]) -> (f32[4096,1024], f32[4096,1024], f32[1024,1024]) {
   %p0 = f32[1024,1024]{1,0} parameter(0)
   %p1 = f32[2048,1024]{1,0} parameter(1)
   %ag.a = (f32[1024,1024]{1,0}, f32[4096,1024]{1,0}) all-gather-start(%p0), channel_id=1, replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={0}, use_global_device_ids=true
@@ -244,7 +245,7 @@ def test_bandwidth_sharing_of_two_collectives_on_the_same_links() -> None:
 # sharing the links A arrives later than it would have queued alone.
 FIRST_NEEDED = """HloModule first_needed, is_scheduled=true, num_partitions=8
 
-ENTRY %main (p0: f32[2048,1024], p1: f32[2048,1024], x: f32[N]) -> (f32[4096,1024], f32[4096,1024], f32[N]) {
+ENTRY %main (p0: f32[2048,1024], p1: f32[2048,1024], x: f32[N]) -> (f32[4096,1024], f32[4096,1024], f32[N], f32[2048,1024]) {
   %p0 = f32[2048,1024]{1,0} parameter(0)
   %p1 = f32[2048,1024]{1,0} parameter(1)
   %x = f32[N]{0} parameter(2)
@@ -254,7 +255,7 @@ ENTRY %main (p0: f32[2048,1024], p1: f32[2048,1024], x: f32[N]) -> (f32[4096,102
   %ag.a.done = f32[4096,1024]{1,0} all-gather-done(%ag.a)
   %work = f32[N]{0} negate(%x)
   %ag.b.done = f32[4096,1024]{1,0} all-gather-done(%ag.b)
-  ROOT %t = (f32[4096,1024]{1,0}, f32[4096,1024]{1,0}, f32[N]) tuple(%ag.a.done, %ag.b.done, %work, %w)
+  ROOT %t = (f32[4096,1024]{1,0}, f32[4096,1024]{1,0}, f32[N], f32[2048,1024]{1,0}) tuple(%ag.a.done, %ag.b.done, %work, %w)
 }
 """.replace("N]", "8388608]")
 
@@ -291,7 +292,7 @@ def test_more_streams_can_be_slower_and_the_table_says_why() -> None:
 # no ties.
 QUEUED_BEHIND = """HloModule queued_behind, is_scheduled=true, num_partitions=8
 
-ENTRY %main (big: f32[8192,1024], p: f32[256,1024], x: f32[N]) -> (f32[16384,1024], f32[512,1024], f32[512,1024], f32[512,1024], f32[N]) {
+ENTRY %main (big: f32[8192,1024], p: f32[256,1024], x: f32[N]) -> (f32[16384,1024], f32[512,1024], f32[512,1024], f32[512,1024], f32[N], f32[256,1024]) {
   %big = f32[8192,1024]{1,0} parameter(0)
   %p = f32[256,1024]{1,0} parameter(1)
   %x = f32[N]{0} parameter(2)
@@ -305,7 +306,7 @@ ENTRY %main (big: f32[8192,1024], p: f32[256,1024], x: f32[N]) -> (f32[16384,102
   %ag.c.done = f32[512,1024]{1,0} all-gather-done(%ag.c)
   %ag.b.done = f32[512,1024]{1,0} all-gather-done(%ag.b)
   %ag.a.done = f32[16384,1024]{1,0} all-gather-done(%ag.a)
-  ROOT %t = (f32[16384,1024]{1,0}, f32[512,1024]{1,0}, f32[512,1024]{1,0}, f32[512,1024]{1,0}, f32[N]) tuple(%ag.a.done, %ag.b.done, %ag.c.done, %ag.d.done, %work, %w)
+  ROOT %t = (f32[16384,1024]{1,0}, f32[512,1024]{1,0}, f32[512,1024]{1,0}, f32[512,1024]{1,0}, f32[N], f32[256,1024]{1,0}) tuple(%ag.a.done, %ag.b.done, %ag.c.done, %ag.d.done, %work, %w)
 }
 """.replace("N]", "41943040]")
 
@@ -395,8 +396,8 @@ def test_unknown_trip_count_runs_once_and_says_so() -> None:
 WITH_HOST_TRANSFERS = TWO_INDEPENDENT.replace(
     "  %w = f32[1024,1024]{1,0} negate(%p0)\n",
     """  %w = f32[1024,1024]{1,0} negate(%p0)
-  %token = token[] after-all()
-  %to.host = (f32[1024,1024]{1,0}, u32[], token[]) send(%w, %token), channel_id=3, is_host_transfer=true
+  %tok = token[] after-all()
+  %to.host = (f32[1024,1024]{1,0}, u32[], token[]) send(%w, %tok), channel_id=3, is_host_transfer=true
   %to.host.done = token[] send-done(%to.host), channel_id=3, is_host_transfer=true
   %from.host = (f32[16]{0}, u32[], token[]) recv(%to.host.done), channel_id=4, is_host_transfer=true
   %from.host.done = (f32[16]{0}, token[]) recv-done(%from.host), channel_id=4, is_host_transfer=true
@@ -1229,3 +1230,18 @@ def test_the_description_follows_an_overridden_host_size() -> None:
     h100 = get_target("h100")
     assert h100.description == "NVIDIA H100 SXM5 80GB, 8 GPUs per host"
     assert "4 GPUs per host" in target_with_overrides(h100, {"devices_per_host": 4}).description
+
+
+def test_every_module_of_this_file_is_one_xla_reads() -> None:
+    """The modules above are hand-written: XLA's own parser holds them to what XLA could
+    hand the simulator (a signature that does not match its root once slipped by ours)."""
+    modules = {
+        name: text
+        for name, text in globals().items()
+        if isinstance(text, str) and text.startswith("HloModule") and "TRIP" not in text
+    }
+    modules["LOOP"] = _loop('backend_config={"known_trip_count":{"n":"5"}}')
+    modules["OUTER"] = OUTER.replace("TRIP", "3")
+    assert len(modules) >= 12
+    for text in modules.values():
+        hlo_bindings().hlo_module_from_text(text)
