@@ -77,11 +77,11 @@ ENTRY %main (p: f32[1024]) -> f32[1024] {
   %tp2.done = f32[1024]{0} all-reduce-done(%tp2)
   %sync = f32[1024]{0} all-reduce-start(%p), channel_id=4, replica_groups={{0,1,2,3,4,5,6,7}}, use_global_device_ids=true, to_apply=%add, backend_config={"collective_backend_config":{"is_sync":true}}
   %sync.done = f32[1024]{0} all-reduce-done(%sync)
-  %s1 = f32[1024]{0} add(%tp.done, %dp.done)
-  %s2 = f32[1024]{0} add(%s1, %tp2.done)
-  %s3 = f32[1024]{0} add(%s2, %sync.done)
+  %sum1 = f32[1024]{0} add(%tp.done, %dp.done)
+  %sum2 = f32[1024]{0} add(%sum1, %tp2.done)
+  %sum3 = f32[1024]{0} add(%sum2, %sync.done)
   %zero = s32[] constant(0)
-  %init = (s32[], f32[1024]{0}) tuple(%zero, %s3)
+  %init = (s32[], f32[1024]{0}) tuple(%zero, %sum3)
   %loop = (s32[], f32[1024]{0}) while(%init), condition=%cond, body=%body
   ROOT %out = f32[1024]{0} get-tuple-element(%loop), index=1
 }
