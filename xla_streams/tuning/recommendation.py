@@ -189,15 +189,16 @@ def _left_out(found: Evaluation, lean: Evaluation) -> str:
 
 
 def _crowded_notes(evaluations: Sequence[Evaluation], target: Target) -> list[str]:
-    """The note on the stream counts left out of candidates (``evaluation._simulate``)
-    because their NCCL kernels in flight together may need more SMs than the GPU has."""
+    """The note on the stream counts ``evaluation._simulate`` left out of candidates (the
+    what-if predicted them, the candidate has no result for them) because their NCCL
+    kernels in flight together may need more SMs than the GPU has."""
     left_out: set[tuple[int, str]] = set()
     candidates = most = 0
     for e in evaluations:
         what = e.what
         if what is None:
             continue
-        over = [key for key in what.resident_ctas if key[0] > 1 and not what.fits_on_the_gpu(key)]
+        over = [key for key in what.results if (key[0], str(key[1])) not in e.results]
         if over:
             candidates += 1
             left_out.update(over)
