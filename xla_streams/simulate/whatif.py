@@ -129,15 +129,7 @@ def what_if(
     lower = simulator.bound(respect_rule=False)
     rule = simulator.bound(respect_rule=True)
     explanations = _explain_non_monotone(simulator, streams, policies, results, assignments, ends)
-    ctas = resident_ctas(simulator.pairs, simulator.specs, assignments)
-    notes = list(simulator.notes) + [
-        f"K={k} {policy}: its NCCL kernels in flight together may need {n} CTAs, more than "
-        f"the {target.sm_count} SMs of {target.name} (one CTA each): they cannot all be "
-        "resident at once, which the deadlock rule relies on (docs/streams.md)"
-        for (k, policy), n in ctas.items()
-        if n > target.sm_count
-    ]
-    return WhatIf(
+    what = WhatIf(
         module=module.name,
         target=target,
         streams=streams,
@@ -149,12 +141,20 @@ def what_if(
         serial=simulator.serial_time(),
         pairs=simulator.pairs,
         specs=simulator.specs,
-        notes=notes,
+        notes=list(simulator.notes),
         changes=changes,
         interference=full - calm,
         explanations=explanations,
-        resident_ctas=ctas,
+        resident_ctas=resident_ctas(simulator.pairs, simulator.specs, assignments),
     )
+    what.notes += [
+        f"K={k} {policy}: its NCCL kernels in flight together may need {n} CTAs, more than "
+        f"the {target.sm_count} SMs of {target.name} (one CTA each): they cannot all be "
+        "resident at once, which the deadlock rule relies on (docs/streams.md)"
+        for (k, policy), n in what.resident_ctas.items()
+        if not what.fits_on_the_gpu((k, policy))
+    ]
+    return what
 
 
 def _ends(
