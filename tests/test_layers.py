@@ -61,6 +61,9 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("xla_streams.plugin.hook", "xla_streams.report"): "reports: with a report directory only",
     ("xla_streams.plugin.hook", "xla_streams.simulate.measured"): "the simulator: HTML only",
     ("xla_streams.plugin.hook", "xla_streams.simulate.visual"): "the simulator: HTML only",
+    ("xla_streams.plugin.hook", "xla_streams.simulate.targets"): (
+        "the simulator: on a GPU only, for the target of its kind"
+    ),
     ("xla_streams.plugin.settings", "xla_streams.simulate.measured"): (
         "the simulator: only with the perf_table setting"
     ),

@@ -131,6 +131,7 @@ from xla_streams.simulate.profiler_trace import (  # noqa: E402
     load_trace,
     seconds_by_instruction,
 )
+from xla_streams.simulate.targets import TARGETS, target_of_device  # noqa: E402
 from xla_streams.xla_dump import thunk_streams  # noqa: E402
 
 SCHEMA = "xla_streams.gpu_check.v1"
@@ -211,7 +212,8 @@ PROVES = {
         "on a real GPU client, with the plugin on, XLA honours the report: the thunk dump "
         "puts every async collective on the communication_stream[k] the report gives it, "
         "XLA's options are at K, and the program runs with losses bit-identical to the "
-        "plugin off (same XLA options), at K=2 and K=4; where the profiler trace shows "
+        "plugin off (same XLA options), at K=2 and K=4; the hook reads the GPU's kind "
+        "as JAX lists it, for fit-on-gpu; where the profiler trace shows "
         "collective kernels, each report stream runs on a CUDA stream of its own",
         "with one GPU the 8-device program runs under JAX's mock topology (this GPU is one "
         "of 8 hosts, NCCL mocked): no data crosses a link, so nothing is shown about "
@@ -495,6 +497,23 @@ def check_debug_options(dump_dir: str, module: str, streams: int) -> tuple[bool,
     return (not bad), (f"both at {streams}" if not bad else f"unexpected: {bad}")
 
 
+def check_fit_on_gpu(fit: dict[str, Any]) -> tuple[bool, str]:
+    """Whether the hook read the job's GPU as JAX lists its devices: the target of their
+    kinds (of several, the one with the fewest SMs), or none where one has no target."""
+    kinds = fit.get("device_kinds") or []
+    targets = [target_of_device(kind) for kind in kinds]
+    known = [TARGETS[t] for t in targets if t is not None]
+    expected = (
+        min(known, key=lambda t: (t.sm_count, t.name)).name
+        if known and len(known) == len(targets)
+        else None
+    )
+    return (
+        bool(kinds) and fit.get("hook") == expected,
+        f"{kinds}: the hook checks K against {fit.get('hook')}, expected {expected}",
+    )
+
+
 def check_runtime_log(log: str, report: AssignmentReport) -> tuple[bool, str]:
     """The executed async starts: stream ids as assigned, one CUDA stream per stream id."""
     assigned = {c.start: c.stream for c in report.collectives if c.stream is not None}
@@ -588,6 +607,7 @@ def native_figures(folder: Path, data: dict[str, Any], streams: int) -> tuple[bo
     )
     checks["XLA options at K"] = check_debug_options(str(folder / "dump_on"), module, streams)
     checks["thunks on the report's streams"] = check_thunks(str(folder / "dump_on"), report)
+    checks["the hook knows the GPU"] = check_fit_on_gpu(data.get("fit_on_gpu", {}))
     on, off = data.get("losses_on"), data.get("losses_off")
     checks["losses on == off"] = (bool(on) and on == off, f"on {on}, off {off}")
     figures["checks"] = {name: {"passed": ok, "detail": why} for name, (ok, why) in checks.items()}
@@ -926,6 +946,11 @@ def child_native(folder: Path, streams: int, steps: int) -> None:
     result["module"] = compiled.as_text().split(",", 1)[0].removeprefix("HloModule ").strip()
     stats = hook.stats()
     result["hook"] = {"calls": stats.calls, "failed": stats.failed, "seconds": stats.seconds}
+    # The GPU fit-on-gpu checks K against, as the hook reads it from JAX's backends.
+    result["fit_on_gpu"] = {
+        "device_kinds": sorted({d.device_kind for d in jax.devices()}),
+        "hook": hook.job_gpu(),
+    }
     progress(f"K={streams}: running {steps} steps")
     result["losses_on"] = run_steps(compiled, make_inputs(args), steps)[0]
     progress(f"K={streams}: profiling")

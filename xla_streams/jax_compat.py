@@ -272,6 +272,18 @@ def device_processes(platform: str) -> dict[int, int] | None:
     return {int(d.id): int(d.process_index) for d in client.devices()}
 
 
+def gpu_device_kinds() -> set[str] | None:
+    """The ``device_kind`` of every device of the GPU backends JAX has created (all
+    processes of a job), or None if it has created none. Safe inside a compile hook,
+    as :func:`device_processes` is."""
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    backends = getattr(bridge, "_backends", {}) if bridge is not None else {}
+    clients = [backends[p] for p in GPU_PLATFORMS if p in backends]
+    if not clients:
+        return None
+    return {str(d.device_kind) for client in clients for d in client.devices()}
+
+
 # -- deviceless recompiles of StableHLO text (xla-streams tune) -------------------------
 
 

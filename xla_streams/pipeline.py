@@ -40,6 +40,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "assign-streams": _lazy("assign_streams", "AssignStreams"),
     "asyncify": _lazy("asyncify", "Asyncify"),
     "find-async-pairs": _lazy("find_async_pairs", "FindAsyncPairs"),
+    "fit-on-gpu": _lazy("fit_on_gpu", "FitOnGpu"),
     "lower-to-ffi": _lazy("lower_to_ffi", "LowerToFfi"),
     "verify-streams": _lazy("verify_streams", "VerifyStreams"),
 }
@@ -274,6 +275,7 @@ def build_pipeline(
     model: StreamModel | None = None,
     devices: tuple[int, ...] = (),
     spec: PipelineSpec | None = None,
+    gpu: str | None = None,
 ) -> list[ModulePass]:
     """The passes that give ``streams`` collective streams to a module's collectives: the
     one place where settings become passes.
@@ -281,9 +283,10 @@ def build_pipeline(
     ``runtime`` says who then runs them: ``xla`` (native mode: annotations XLA
     honours), ``host``/``cuda`` (ffi mode: our custom calls; XLA:CPU's synchronous
     collectives are split first, and the CUDA runtime needs the module's
-    ``devices``), or None (assign and verify only, the module unchanged). A user's
-    ``spec`` replaces the default passes; the options it does not write come from
-    these same values.
+    ``devices``), or None (assign and verify only, the module unchanged). With ``gpu``
+    (a target's name: the GPU the module runs on) K is lowered where the NCCL kernels
+    would not fit on it at once (``fit-on-gpu``). A user's ``spec`` replaces the default
+    passes; the options it does not write come from these same values.
     """
     model = model or StreamModel()
     ffi = runtime in ("host", "cuda")
@@ -296,11 +299,14 @@ def build_pipeline(
         },
         "assign-streams": {"streams": streams, "policy": policy},
         "lower-to-ffi": {"backend": runtime, "devices": devices} if ffi else {},
+        "fit-on-gpu": {"gpu": gpu} if gpu is not None else {},
     }
     if spec is not None:
         return spec.build(options)
     names = ["asyncify"] if runtime == "host" else []
-    names += ["find-async-pairs", "assign-streams", "verify-streams"]
+    names += ["find-async-pairs", "assign-streams"]
+    names += ["fit-on-gpu"] if gpu is not None else []
+    names.append("verify-streams")
     if runtime == "xla":
         names.append("annotate-streams")
     elif ffi:

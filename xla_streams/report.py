@@ -101,11 +101,13 @@ class AssignmentReport:
     policy: Policy
     collectives: tuple[ReportedCollective, ...]
     summary: ReportSummary
+    # Why ``streams`` is below the K asked for (``fit-on-gpu``); empty where it is not.
+    lowered: str = ""
 
     def to_json(self) -> str:
         """The report's file: two-space indents, one collective per line, a final
         newline; equal reports give equal bytes. Its members are the fields, in order
-        (``summary.host_transfers`` only when there are some)."""
+        (``summary.host_transfers`` and ``lowered`` only when there are some)."""
         summary = _members(self.summary)
         if not summary["host_transfers"]:
             del summary["host_transfers"]  # added to v2 after its first files
@@ -115,6 +117,8 @@ class AssignmentReport:
             "collectives": [_members(c) for c in self.collectives],
             "summary": summary,
         }
+        if not self.lowered:
+            del report["lowered"]  # added to v2 after its first files
         return _format(report, 0) + "\n"
 
     @classmethod
@@ -134,6 +138,7 @@ class AssignmentReport:
             policy=doc["policy"].one_of(POLICIES),
             collectives=collectives,
             summary=_read_summary(doc["summary"], collectives),
+            lowered=lowered.string() if (lowered := doc.get("lowered")) is not None else "",
         )
 
 
@@ -331,7 +336,12 @@ def build_report(compilation: Compilation) -> AssignmentReport:
         max_in_flight_by_computation=_in_flight_by_computation(compilation, placed),
     )
     return AssignmentReport(
-        compilation.module.name, assignment.streams, assignment.policy, collectives, summary
+        compilation.module.name,
+        assignment.streams,
+        assignment.policy,
+        collectives,
+        summary,
+        assignment.lowered,
     )
 
 
@@ -463,6 +473,7 @@ def format_summary(report: AssignmentReport) -> str:
         + (f" (by computation: {per_comp})" if per_comp else ""),
         f"serialized: {s.serialized} (all {report.streams} streams busy: "
         f"{s.serialized_by_bound}, deadlock rule: {s.serialized_by_rule})",
+        *([f"streams: {report.lowered}"] if report.lowered else []),
     ]
     return "\n".join(lines) + "\n"
 
@@ -476,6 +487,8 @@ def summary_line(compilation: Compilation) -> str:
         line += f", {s.assigned} on {s.streams_used} of {report.streams} streams"
         if s.serialized_by_rule:
             line += f" ({s.serialized_by_rule} kept together by the deadlock rule)"
+        if report.lowered:
+            line += f" ({report.lowered.split(':')[0]})"
     if s.synchronous_collectives:
         line += f", {counted(s.synchronous_collectives, 'synchronous collective')}"
     return line

@@ -10,18 +10,29 @@ and each is a 24-CTA ring on an H100 (1 MiB over 2 GPUs: NCCL's 24 channels).
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import random
+import re
 from types import SimpleNamespace
 
 import pytest
 from conftest import ADD_REDUCER, CompiledStandIn
 
+from xla_streams import jax_compat
+from xla_streams.collectives import StreamModel
 from xla_streams.hlo import parse_module
 from xla_streams.jax_compat import hlo_bindings
+from xla_streams.passes.base import Compilation, PipelineError
+from xla_streams.pipeline import PassManager, parse_pipeline
+from xla_streams.plugin import hook, xla_module
+from xla_streams.plugin.settings import Config
+from xla_streams.report import AssignmentReport, build_report, format_report, summary_line
 from xla_streams.simulate import get_target, what_if
 from xla_streams.simulate.prediction import Prediction
-from xla_streams.simulate.residency import resident_ctas
+from xla_streams.simulate.residency import fit_on_gpu, resident_ctas
 from xla_streams.simulate.simulation import format_what_if
+from xla_streams.simulate.targets import target_of_device
 from xla_streams.streams import AsyncPair, StreamAssignment, assign_streams
 from xla_streams.tuning.driver import tune_lowered
 from xla_streams.tuning.result import TuneResult
@@ -188,3 +199,151 @@ def test_the_bound_is_the_definition_on_random_schedules(seed: int) -> None:
     )
     found = resident_ctas(pairs, specs, {"k": assignment})  # type: ignore[arg-type]
     assert found == {"k": _brute_force(occurrences, streams, ctas)}
+
+
+# -- where the streams are made: fit-on-gpu ---------------------------------------------
+
+
+def fitted(text: str, streams: int, gpu: str, policy: str = "interval") -> Compilation:
+    spec = (
+        f"find-async-pairs{{overlap_limit=8}},assign-streams{{streams={streams},"
+        f"policy={policy}}},fit-on-gpu{{gpu={gpu}}},verify-streams"
+    )
+    return PassManager(parse_pipeline(spec)).run(Compilation(parse_module(text)))
+
+
+@pytest.mark.parametrize("policy", ["interval", "round-robin"])
+@pytest.mark.parametrize(("gpu", "ring", "kept"), [("h100", 24, 5), ("b200", 32, 4)])
+def test_fit_on_gpu_lowers_k_to_the_largest_whose_kernels_fit(
+    gpu: str, ring: int, kept: int, policy: str
+) -> None:
+    compilation = fitted(gathers(6), 8, gpu, policy)
+    got = compilation.assignment
+    assert got is not None and got.streams == kept and got.streams_used == kept
+    # The assignment of that K, as assign-streams makes it: only K changed.
+    assert got.stream_of == assign_streams(compilation.pairs, kept, policy).stream_of
+    sms = get_target(gpu).sm_count
+    assert got.lowered == (
+        f"K=8 lowered to K={kept}: the NCCL kernels in flight together may need "
+        f"{6 * ring} CTAs, more than the {sms} SMs of {gpu}, and they must all be resident "
+        f"at once for no order of the work to deadlock (K={kept} needs at most {kept * ring})"
+    )
+    report = build_report(compilation)
+    assert report.streams == kept
+    assert AssignmentReport.from_json(report.to_json()).lowered == got.lowered
+    assert f"streams: {got.lowered}" in format_report(report)
+    assert f"of {kept} streams (K=8 lowered to K={kept})" in summary_line(compilation)
+
+
+def test_fit_on_gpu_keeps_an_assignment_that_fits() -> None:
+    compilation = fitted(gathers(5), 8, "h100")
+    asked = assign_streams(compilation.pairs, 8, "interval")
+    assert compilation.assignment == asked and not asked.lowered
+    assert '"lowered"' not in build_report(compilation).to_json()
+
+
+def test_fit_on_gpu_comes_before_what_uses_the_assignment() -> None:
+    spec = "find-async-pairs,assign-streams{streams=8},verify-streams,fit-on-gpu"
+    with pytest.raises(PipelineError, match="put it before 'verify-streams'"):
+        PassManager(parse_pipeline(spec)).run(Compilation(parse_module(gathers(6))))
+
+
+def test_where_no_k_fits_one_stream_is_kept_as_xla_would_run_it() -> None:
+    """On a GPU of 30 SMs even one stream's ring beside the synchronous all-reduce may
+    not fit: K=2 goes to K=1, which is what XLA runs without us, and says so; K=1
+    asked stays as it is."""
+    tiny = dataclasses.replace(H100, sm_count=30)
+    module = parse_module(gathers(2, sync_all_reduce=True))
+    what = what_if(module, H100, (1,), ("interval",))
+    pairs, sync = what.pairs, what.specs[-1].cost.sms
+    two = assign_streams(pairs, 2, "interval")
+    got = fit_on_gpu(module, pairs, two, tiny)
+    assert got.streams == 1
+    assert got.lowered.startswith(
+        f"K=2 lowered to K=1: the NCCL kernels in flight "
+        f"together may need {2 * RING + sync} CTAs, more than the 30"
+    )
+    assert got.lowered.endswith(f"(even K=1 may need {RING + sync})")
+    one = assign_streams(pairs, 1, "interval")
+    assert fit_on_gpu(module, pairs, one, tiny) is one
+
+
+# -- in the plugin: on the GPU the job runs on -------------------------------------------
+
+
+def _hooked(text: str, kinds: set[str] | None, monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """The stream annotations of ``text`` after the compile hook (native mode, K=8), on
+    GPUs of ``kinds`` as JAX would list them."""
+    monkeypatch.setattr(jax_compat, "gpu_device_kinds", lambda: kinds)
+    out = hook.transform(
+        xla_module.to_proto(text), on_cpu=False, config=Config(8), model=StreamModel(8, True)
+    )
+    assert out is not None
+    return set(re.findall(r'_xla_stream_annotation="(\d+)"', xla_module.module_text(out)[1]))
+
+
+def test_on_an_h100_the_plugin_keeps_k_to_what_fits_and_warns(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="xla_streams"):
+        used = _hooked(gathers(6), {"NVIDIA H100 80GB HBM3"}, monkeypatch)
+    assert used == {"0", "1", "2", "3", "4"}
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == [
+        "module crowded: K=8 lowered to K=5: the NCCL kernels in flight together may need "
+        "144 CTAs, more than the 132 SMs of h100, and they must all be resident at once for "
+        "no order of the work to deadlock (K=5 needs at most 120)"
+    ]
+
+
+def test_on_a_gpu_without_a_model_the_plugin_uses_k_as_given_and_says_so_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(hook, "_said", set())
+    with caplog.at_level(logging.INFO, logger="xla_streams"):
+        assert _hooked(gathers(6), {"NVIDIA H100 PCIe"}, monkeypatch) == set("012345")
+        _hooked(gathers(6), {"NVIDIA H100 PCIe"}, monkeypatch)
+    said = [r.getMessage() for r in caplog.records if "no model of" in r.getMessage()]
+    assert said == [
+        "xla_streams has no model of NVIDIA H100 PCIe: it cannot check that the NCCL kernels "
+        "of K streams fit on the GPU at once (the deadlock rule's premise, docs/streams.md), "
+        "so K is used as given"
+    ]
+
+
+def test_of_gpus_of_several_kinds_the_one_with_the_fewest_sms_decides(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every process of a job sees every device, so each computes the same assignment."""
+    monkeypatch.setattr(jax_compat, "gpu_device_kinds", lambda: {"NVIDIA B200", "NVIDIA H200"})
+    assert hook.job_gpu() == "h200"  # 132 SMs to B200's 148
+    monkeypatch.setattr(jax_compat, "gpu_device_kinds", lambda: {"NVIDIA B200", "AMD MI300X"})
+    assert hook.job_gpu() is None
+
+
+def test_the_gpu_kinds_are_those_jax_lists() -> None:
+    import jax
+
+    gpus = {d.device_kind for d in jax.devices() if d.platform == "gpu"}  # starts JAX
+    assert jax_compat.gpu_device_kinds() == (gpus or None)
+
+
+@pytest.mark.parametrize(
+    ("kind", "target"),
+    [
+        ("NVIDIA H100 80GB HBM3", "h100"),
+        ("NVIDIA H100 SXM5 80GB", "h100"),
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA B200", "b200"),
+        ("NVIDIA GB200", "gb200"),
+        ("NVIDIA A100-SXM4-40GB", "a100"),
+        ("NVIDIA A100-SXM4-80GB", "a100"),
+        ("NVIDIA H100 PCIe", None),  # 114 SMs, no NVLink
+        ("NVIDIA H100 NVL", None),  # NVLink bridges, not NVSwitch
+        ("NVIDIA H200 NVL", None),
+        ("NVIDIA A100-PCIE-40GB", None),
+        ("NVIDIA GeForce RTX 4090", None),
+    ],
+)
+def test_a_gpu_takes_the_target_of_its_board(kind: str, target: str | None) -> None:
+    assert target_of_device(kind) == target

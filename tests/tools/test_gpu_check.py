@@ -279,3 +279,16 @@ def test_xlas_runtime_log() -> None:
     one_stream = log.replace("stream=0x010", "stream=0x000")
     assert not check.check_runtime_log(one_stream, REPORT)[0]
     assert not check.check_runtime_log("nothing ran", REPORT)[0]
+
+
+def test_the_hook_reads_the_gpu_as_jax_lists_it() -> None:
+    def judged(kinds: list[str], seen: str | None) -> bool:
+        ok: bool = check.check_fit_on_gpu({"device_kinds": kinds, "hook": seen})[0]
+        return ok
+
+    assert judged(["NVIDIA H100 80GB HBM3"], "h100")
+    assert not judged(["NVIDIA H100 80GB HBM3"], None)  # JAX's backends not read
+    assert judged(["NVIDIA H100 PCIe"], None)  # no target: K used as given
+    assert judged(["NVIDIA B200", "NVIDIA H200"], "h200")
+    assert not judged(["NVIDIA B200", "NVIDIA H200"], "b200")
+    assert not check.check_fit_on_gpu({})[0]  # the child recorded nothing

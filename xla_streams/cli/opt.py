@@ -73,7 +73,9 @@ def _opt(args: Args) -> int:
 
         manager.print_after_all = dump
     module = parse_module(text, path)
-    manager.run(Compilation(module))
+    assignment = manager.run(Compilation(module)).assignment
+    if assignment is not None and assignment.lowered:
+        args.stderr.write(f"note: {assignment.lowered}\n")
     if args.flag("time_passes"):
         args.stderr.write(_timings(manager))
     args.output(args.flag("output"), module.print())

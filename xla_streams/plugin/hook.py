@@ -190,14 +190,41 @@ def _run_passes(
     None where ffi mode leaves it to XLA (a collective across processes on XLA:CPU)."""
     assignment = xla_module.device_assignment(serialized)
     devices = assignment.device_ids if assignment is not None else ()
-    passes = pipeline_for(config, on_cpu=on_cpu, model=model, devices=devices)
+    gpu = None if on_cpu else job_gpu()
+    passes = pipeline_for(config, on_cpu=on_cpu, model=model, devices=devices, gpu=gpu)
     module = parse_module(text, f"<module {name}>")
     if on_cpu and config.mode == "ffi":
         crossing = _cross_process_collective(module, assignment)
         if crossing is not None:
             _refuse_cross_process(name, crossing)
             return None
-    return PassManager(passes).run(Compilation(module))
+    compilation = PassManager(passes).run(Compilation(module))
+    if compilation.assignment is not None and compilation.assignment.lowered:
+        logger.warning("module %s: %s", name, compilation.assignment.lowered)
+    return compilation
+
+
+def job_gpu() -> str | None:
+    """The target (``simulate/targets.py``) of the job's GPUs, against whose SMs
+    ``fit-on-gpu`` checks each assignment; None (said once) where a GPU has no target.
+    Of GPUs of several kinds, the one with the fewest SMs: every process then computes
+    the same assignment."""
+    from xla_streams.simulate.targets import TARGETS, target_of_device
+
+    kinds = jax_compat.gpu_device_kinds()
+    if not kinds:
+        return None
+    found = {kind: target_of_device(kind) for kind in kinds}
+    unknown = sorted(kind for kind, target in found.items() if target is None)
+    if unknown:
+        _say_once(
+            f"xla_streams has no model of {', '.join(unknown)}: it cannot check that the "
+            "NCCL kernels of K streams fit on the GPU at once (the deadlock rule's premise, "
+            "docs/streams.md), so K is used as given"
+        )
+        return None
+    names = {target for target in found.values() if target is not None}
+    return min(names, key=lambda n: (TARGETS[n].sm_count, n))
 
 
 def _html(config: Config, on_cpu: bool) -> bool:
@@ -253,10 +280,16 @@ def _refuse_cross_process(name: str, reason: str) -> None:
 
 
 def pipeline_for(
-    config: Config, *, on_cpu: bool, model: StreamModel, devices: tuple[int, ...] = ()
+    config: Config,
+    *,
+    on_cpu: bool,
+    model: StreamModel,
+    devices: tuple[int, ...] = (),
+    gpu: str | None = None,
 ) -> list[ModulePass]:
     """The passes the hook runs on a module of one platform: ffi mode lowers to the
-    host runtime on CPU and to the CUDA runtime elsewhere; native mode annotates."""
+    host runtime on CPU and to the CUDA runtime elsewhere; native mode annotates. On
+    ``gpu`` (a target's name) K is kept to what fits on it (``fit-on-gpu``)."""
     runtime: Runtime = "xla"
     if config.mode == "ffi":
         runtime = "host" if on_cpu else "cuda"
@@ -270,6 +303,7 @@ def pipeline_for(
         model=model,
         devices=devices,
         spec=config.pipeline,
+        gpu=gpu,
     )
 
 

@@ -29,14 +29,22 @@ runs its kernels one after another), and the compute stream its largest collecti
 (the synchronous ones and the pairs XLA runs there) as if it ran at that point. H100
 holds five of its 24-CTA rings (120 of 132 SMs): six ring all-gathers in flight on
 six streams (K = 8 with an overlap limit of 6 or more) do not fit.
+
+:func:`fit_on_gpu` keeps an assignment to that bound where the streams are made (the
+``fit-on-gpu`` pass, which the plugin runs on a GPU it knows): a K whose kernels may
+not fit gives way to the largest K below it that does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable, Mapping, Sequence
 
+from xla_streams.hlo import Module
+from xla_streams.simulate.compiler import CompiledModule
 from xla_streams.simulate.network import CollectiveSpec
-from xla_streams.streams import AsyncPair, StreamAssignment
+from xla_streams.simulate.targets import Target
+from xla_streams.streams import AsyncPair, StreamAssignment, assign_each
 
 
 def resident_ctas[Key: Hashable](
@@ -96,3 +104,29 @@ def _peak(
                 largest[stream] = max(counts, default=0)
                 total += largest[stream] - before
     return most
+
+
+def fit_on_gpu(
+    module: Module, pairs: Sequence[AsyncPair], assignment: StreamAssignment, target: Target
+) -> StreamAssignment:
+    """``assignment`` where its NCCL kernels fit on ``target`` at once (:func:`resident_ctas`
+    at most its SMs); else the assignment of the largest K below it that fits, under the
+    same policy, its ``lowered`` saying why (K = 1 where none does: one stream is what
+    XLA runs without us, so a K = 1 assignment is kept as it is)."""
+    specs = CompiledModule(module, target, pairs).specs
+    need = resident_ctas(pairs, specs, {assignment.streams: assignment})[assignment.streams]
+    if need <= target.sm_count or assignment.streams == 1:
+        return assignment
+    fewer = assign_each(pairs, range(assignment.streams - 1, 0, -1), (assignment.policy,))
+    ctas = resident_ctas(pairs, specs, fewer)
+    k = next((k for (k, _), n in ctas.items() if n <= target.sm_count), 1)
+    why = (
+        f"K={assignment.streams} lowered to K={k}: the NCCL kernels in flight together may "
+        f"need {need} CTAs, more than the {target.sm_count} SMs of {target.name}, and they "
+        "must all be resident at once for no order of the work to deadlock"
+    )
+    if ctas[(k, assignment.policy)] > target.sm_count:
+        why += f" (even K=1 may need {ctas[(k, assignment.policy)]})"
+    else:
+        why += f" (K={k} needs at most {ctas[(k, assignment.policy)]})"
+    return dataclasses.replace(fewer[(k, assignment.policy)], lowered=why)

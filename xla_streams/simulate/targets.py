@@ -495,6 +495,26 @@ GB200 = Target(
 TARGETS: dict[str, Target] = {t.name: t for t in (H100, A100, H200, B200, GB200)}
 
 
+# The GPUs a target describes, by what CUDA names them (jax.Device.device_kind): the
+# SXM boards whose SMs and NVLink the targets count. A PCIe or NVL board has other
+# links (and the H100 PCIe 114 SMs), so it takes none. First match wins.
+DEVICE_KINDS = (
+    ("GB200", "gb200"),
+    ("B200", "b200"),
+    ("H200", "h200"),
+    ("H100 80GB HBM3", "h100"),
+    ("H100 SXM", "h100"),
+    ("A100-SXM4", "a100"),
+)
+
+
+def target_of_device(kind: str) -> str | None:
+    """The target of a GPU named ``kind`` (e.g. "NVIDIA H100 80GB HBM3"), or None."""
+    if {"NVL", "PCIe"} & set(kind.split()):
+        return None
+    return next((name for part, name in DEVICE_KINDS if part in kind), None)
+
+
 class TargetError(ValueError):
     """An unknown target name or a bad target file."""
 

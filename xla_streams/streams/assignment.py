@@ -54,6 +54,9 @@ class StreamAssignment:
     serialized_by_bound: frozenset[str] = frozenset()
     serialized_by_rule: frozenset[str] = frozenset()
     reassigned: dict[str, str] = field(default_factory=dict)
+    # Why K is below the one asked for: its NCCL kernels would not all fit on the GPU
+    # at once (``fit-on-gpu``, simulate/residency.py).
+    lowered: str = ""
 
     @property
     def serialized(self) -> frozenset[str]:
