@@ -51,9 +51,46 @@ def matchings(n: int = 8) -> list[list[tuple[int, int]]]:
     return rounds
 
 
-def gathers(count: int, *, sync_all_reduce: bool = False) -> str:
+LOOP = """\
+%body (t: (s32[], f32[131072])) -> (s32[], f32[131072]) {
+  %t = (s32[], f32[131072]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = f32[131072]{0} get-tuple-element(%t), index=1
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  %y = f32[131072]{0} all-reduce(%x), channel_id=99, replica_groups={{0,1,2,3,4,5,6,7}}, use_global_device_ids=true, to_apply=%add
+  ROOT %out = (s32[], f32[131072]{0}) tuple(%next, %y)
+}
+
+%cond (c: (s32[], f32[131072])) -> pred[] {
+  %c = (s32[], f32[131072]{0}) parameter(0)
+  %j = s32[] get-tuple-element(%c), index=0
+  %four = s32[] constant(4)
+  ROOT %lt = pred[] compare(%j, %four), direction=LT
+}
+"""
+ALL_REDUCE = {
+    "": ["  %n = f32[131072]{0} negate(%p)"],
+    # A synchronous all-reduce over all 8 GPUs...
+    "all-reduce": [
+        "  %n = f32[131072]{0} all-reduce(%p), channel_id=99, "
+        "replica_groups={{0,1,2,3,4,5,6,7}}, use_global_device_ids=true, to_apply=%add"
+    ],
+    # ... or the same in the body of a loop run 4 times.
+    "loop": [
+        "  %zero = s32[] constant(0)",
+        "  %init = (s32[], f32[131072]{0}) tuple(%zero, %p)",
+        "  %w = (s32[], f32[131072]{0}) while(%init), condition=%cond, body=%body, "
+        'backend_config={"known_trip_count":{"n":"4"}}',
+        "  %n = f32[131072]{0} get-tuple-element(%w), index=1",
+    ],
+}
+
+
+def gathers(count: int, *, all_reduce: str = "", after: bool = False) -> str:
     """``count`` all-gathers in flight together, each over one matching; with
-    ``sync_all_reduce`` a synchronous all-reduce over all 8 GPUs runs while they are."""
+    ``all_reduce`` (a key of ALL_REDUCE) a synchronous all-reduce runs while they are,
+    or ``after`` they are done."""
     starts, dones = [], []
     for i, matching in enumerate(matchings()[:count]):
         groups = ",".join(f"{{{a},{b}}}" for a, b in matching)
@@ -63,22 +100,20 @@ def gathers(count: int, *, sync_all_reduce: bool = False) -> str:
             "use_global_device_ids=true"
         )
         dones.append(f"  %ag{i}.done = f32[262144]{{0}} all-gather-done(%ag{i})")
-    middle = (
-        "  %n = f32[131072]{0} all-reduce(%p), channel_id=99, replica_groups={{0,1,2,3,4,5,6,7}}, "
-        "use_global_device_ids=true, to_apply=%add"
-        if sync_all_reduce
-        else "  %n = f32[131072]{0} negate(%p)"
-    )
+    middle = ALL_REDUCE[all_reduce]
     return "\n".join(
         [
             "HloModule crowded, is_scheduled=true, num_partitions=8",
             "",
             ADD_REDUCER,
+            LOOP if all_reduce == "loop" else "",
             "ENTRY %main (p: f32[131072]) -> f32[131072] {",
             "  %p = f32[131072]{0} parameter(0)",
             *starts,
-            middle,
+            "  %busy = f32[131072]{0} exponential(%p)",  # so that no pair is a sync pair
+            *([] if after else middle),
             *dones,
+            *(middle if after else []),
             "  ROOT %r = f32[131072]{0} negate(%n)",
             "}",
             "",
@@ -92,8 +127,9 @@ def test_the_groups_share_one_device_at_most_so_each_gather_can_take_its_own_str
     for i, a in enumerate(rounds):
         for b in rounds[i + 1 :]:
             assert all(len(x & y) <= 1 for x in a for y in b)
-    for text in (gathers(6), gathers(2, sync_all_reduce=True)):
-        hlo_bindings().hlo_module_from_text(text)  # modules XLA reads
+    for all_reduce in ALL_REDUCE:
+        for after in (False, True):
+            hlo_bindings().hlo_module_from_text(gathers(6, all_reduce=all_reduce, after=after))
     what = what_if(parse_module(gathers(6)), H100, STREAMS, ("interval",))
     assert [spec.cost.sms for spec in what.specs] == [RING] * 6
     assert len(set(what.assignments[(8, "interval")].stream_of.values())) == 6
@@ -126,15 +162,25 @@ def test_a_stream_holds_one_kernel_at_a_time() -> None:
     """Six rings in flight on one stream need the SMs of one."""
     what = what_if(parse_module(gathers(6)), H100, (1,), ("interval",))
     one = {"K=1": assign_streams(what.pairs, 1, "interval")}
-    assert resident_ctas(what.pairs, what.specs, one) == {"K=1": RING}
+    module = parse_module(gathers(6))
+    assert resident_ctas(module, what.pairs, what.specs, one) == {"K=1": RING}
 
 
-def test_the_compute_stream_counts_its_largest_collective() -> None:
-    what = what_if(parse_module(gathers(2, sync_all_reduce=True)), H100, (1, 2), ("interval",))
-    sync = what.specs[-1]
-    assert sync.pair is None and sync.name == "n" and sync.cost.sms > 0
-    assert what.resident_ctas == {(1, "interval"): RING + sync.cost.sms,
-                                  (2, "interval"): 2 * RING + sync.cost.sms}  # fmt: skip
+@pytest.mark.parametrize("all_reduce", ["all-reduce", "loop"])
+def test_the_compute_stream_counts_its_collective_where_it_runs(all_reduce: str) -> None:
+    """A synchronous all-reduce (in the entry, or in a loop's body) counts beside the
+    rings in flight where it runs, not where none is."""
+
+    def ctas(after: bool) -> tuple[list[int], int]:
+        text = gathers(2, all_reduce=all_reduce, after=after)
+        what = what_if(parse_module(text), H100, (1, 2), ("interval",))
+        sync = what.specs[-1]
+        assert sync.pair is None and sync.at is not None and 0 < sync.cost.sms < RING
+        return [what.resident_ctas[(k, "interval")] for k in (1, 2)], sync.cost.sms
+
+    during, sync = ctas(after=False)
+    assert during == [RING + sync, 2 * RING + sync]
+    assert ctas(after=True) == ([RING, 2 * RING], sync)
 
 
 class _Crowded:
@@ -165,12 +211,12 @@ def test_tune_never_picks_streams_whose_kernels_cannot_all_be_resident() -> None
 
 
 def _brute_force(
-    occurrences: list[list[tuple[int, int]]], streams: list[int], ctas: list[int]
+    occurrences: list[list[tuple[int, int]]], streams: list[int | str], ctas: list[int]
 ) -> int:
     """At every start, each stream's largest kernel in flight, summed: the definition."""
     most = 0
     for t in {a for occ in occurrences for a, _ in occ}:
-        largest: dict[int, int] = {}
+        largest: dict[int | str, int] = {}
         for occ, stream, n in zip(occurrences, streams, ctas, strict=True):
             if any(a <= t < b for a, b in occ):
                 largest[stream] = max(largest.get(stream, 0), n)
@@ -178,26 +224,90 @@ def _brute_force(
     return most
 
 
+# A send pipelined through a loop (its done in the next iteration: a link of the chain
+# from %s0 to %final.done), then an all-gather after the loop.
+FIRED = """\
+HloModule fired, is_scheduled=true, num_partitions=8
+
+%add (lhs: f32[], rhs: f32[]) -> f32[] {
+  %lhs = f32[] parameter(0)
+  %rhs = f32[] parameter(1)
+  ROOT %sum = f32[] add(%lhs, %rhs)
+}
+
+%body (t: (s32[], f32[131072], (f32[131072], u32[], token[]))) -> (s32[], f32[131072], (f32[131072], u32[], token[])) {
+  %t = (s32[], f32[131072]{0}, (f32[131072]{0}, u32[], token[])) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = f32[131072]{0} get-tuple-element(%t), index=1
+  %last = (f32[131072]{0}, u32[], token[]) get-tuple-element(%t), index=2
+  %last.done = token[] send-done(%last), channel_id=1, frontend_attributes={_xla_send_recv_pipeline="0"}
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  %y = f32[131072]{0} exponential(%x)
+  %tok = token[] after-all()
+  %s = (f32[131072]{0}, u32[], token[]) send(%y, %tok), channel_id=1, frontend_attributes={_xla_send_recv_pipeline="0",_xla_send_recv_source_target_pairs={{0,1},{1,2},{2,3},{3,4},{4,5},{5,6},{6,7}}}
+  ROOT %out = (s32[], f32[131072]{0}, (f32[131072]{0}, u32[], token[])) tuple(%next, %y, %s)
+}
+
+%cond (c: (s32[], f32[131072], (f32[131072], u32[], token[]))) -> pred[] {
+  %c = (s32[], f32[131072]{0}, (f32[131072]{0}, u32[], token[])) parameter(0)
+  %j = s32[] get-tuple-element(%c), index=0
+  %four = s32[] constant(4)
+  ROOT %lt = pred[] compare(%j, %four), direction=LT
+}
+
+ENTRY %main (p: f32[131072]) -> f32[131072] {
+  %p = f32[131072]{0} parameter(0)
+  %tok0 = token[] after-all()
+  %s0 = (f32[131072]{0}, u32[], token[]) send(%p, %tok0), channel_id=1, frontend_attributes={_xla_send_recv_pipeline="0",_xla_send_recv_source_target_pairs={{0,1},{1,2},{2,3},{3,4},{4,5},{5,6},{6,7}}}
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[131072]{0}, (f32[131072]{0}, u32[], token[])) tuple(%zero, %p, %s0)
+  %w = (s32[], f32[131072]{0}, (f32[131072]{0}, u32[], token[])) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"4"}}
+  %final = (f32[131072]{0}, u32[], token[]) get-tuple-element(%w), index=2
+  %final.done = token[] send-done(%final), channel_id=1, frontend_attributes={_xla_send_recv_pipeline="0"}
+  %ag = (f32[131072]{0}, f32[262144]{0}) all-gather-start(%p), channel_id=2, replica_groups={{0,7},{1,6},{2,5},{3,4}}, dimensions={0}, use_global_device_ids=true
+  %busy = f32[131072]{0} exponential(%p)
+  %ag.done = f32[262144]{0} all-gather-done(%ag)
+  %x = f32[131072]{0} get-tuple-element(%w), index=1
+  ROOT %r = f32[131072]{0} add(%x, %busy)
+}
+"""
+
+
+def test_a_send_fired_for_a_later_iteration_counts_beside_everything() -> None:
+    """The body's %s has its done elsewhere: it may still run when the all-gather does,
+    though the chain's own pair (%s0 to %final.done, XLA's P2P stream) has ended."""
+    hlo_bindings().hlo_module_from_text(FIRED)
+    what = what_if(parse_module(FIRED), H100, (1,), ("interval",))
+    fired = [s for s in what.specs[len(what.pairs) :] if s.name == "s"]
+    assert len(fired) == 1 and fired[0].at is None and fired[0].cost.sms > 0
+    assert what.resident_ctas == {(1, "interval"): RING + fired[0].cost.sms}
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_the_bound_is_the_definition_on_random_schedules(seed: int) -> None:
+    """Pairs on three collective streams, XLA's P2P stream and the compute stream."""
     rng = random.Random(seed)
     count = rng.randint(1, 12)
     occurrences = []
     for _ in range(count):
         starts = sorted(rng.sample(range(60), rng.randint(1, 3)))
         occurrences.append([(a, a + rng.randint(1, 15)) for a in starts])
-    streams = [rng.randrange(3) for _ in range(count)]
+    streams: list[int | str] = [rng.choice((0, 1, 2, "p2p", "compute")) for _ in range(count)]
     ctas = [rng.choice((1, 4, 16, 24, 32)) for _ in range(count)]
     pairs = [
         AsyncPair("main", f"s{i}", f"d{i}", "all-gather", 0, 1, occ[0][0], occ[0][1], False,
-                  False, ((0, 1),), 1, occurrences=tuple(occ))
-        for i, occ in enumerate(occurrences)
+                  False, ((0, 1),), 1, occurrences=tuple(occ),
+                  lane=stream if isinstance(stream, str) else "communication")
+        for i, (occ, stream) in enumerate(zip(occurrences, streams, strict=True))
     ]  # fmt: skip
     specs = [SimpleNamespace(cost=SimpleNamespace(sms=n), side=False) for n in ctas]
     assignment = StreamAssignment(
-        3, "interval", {p.key: s for p, s in zip(pairs, streams, strict=True)}
+        3,
+        "interval",
+        {p.key: s if isinstance(s, int) else None for p, s in zip(pairs, streams, strict=True)},
     )
-    found = resident_ctas(pairs, specs, {"k": assignment})  # type: ignore[arg-type]
+    found = resident_ctas(None, pairs, specs, {"k": assignment})  # type: ignore[arg-type]
     assert found == {"k": _brute_force(occurrences, streams, ctas)}
 
 
@@ -253,7 +363,7 @@ def test_where_no_k_fits_one_stream_is_kept_as_xla_would_run_it() -> None:
     not fit: K=2 goes to K=1, which is what XLA runs without us, and says so; K=1
     asked stays as it is."""
     tiny = dataclasses.replace(H100, sm_count=30)
-    module = parse_module(gathers(2, sync_all_reduce=True))
+    module = parse_module(gathers(2, all_reduce="all-reduce"))
     what = what_if(module, H100, (1,), ("interval",))
     pairs, sync = what.pairs, what.specs[-1].cost.sms
     two = assign_streams(pairs, 2, "interval")

@@ -195,7 +195,7 @@ class CompiledModule:
         steps: list[Step] = []
         serial = 0.0
         cost_of = self.cost.instruction
-        for inst in comp.instructions:
+        for position, inst in enumerate(comp.instructions):
             name = inst.name
             opcode = inst.opcode
             pair_index = self._pair_of_start.get((comp.name, name))
@@ -253,7 +253,7 @@ class CompiledModule:
             elif opcode in ("send-done", "recv-done"):
                 continue
             elif opcode in COLLECTIVE_OPCODES:
-                index = self._add_spec(inst, opcode)
+                index = self._add_spec(inst, opcode, at=(comp.name, position))
                 steps.append((SYNC, index))
                 serial += self.specs[index].cost.seconds
             else:
@@ -272,13 +272,13 @@ class CompiledModule:
         self._programs[comp.name] = program
         return program
 
-    def _add_spec(self, inst: Instruction, kind: str) -> int:
+    def _add_spec(self, inst: Instruction, kind: str, at: tuple[str, int] | None = None) -> int:
         groups = device_groups(self.module, inst, kind)
         size = max(sum(s.byte_size for s in inst.operand_shapes), inst.shape.byte_size)
         cost, profiled = self._collective(
             inst.name, self.cost.collective_of(inst, kind, groups, size), size
         )
-        self.specs.append(CollectiveSpec(inst.name, kind, size, cost, profiled=profiled))
+        self.specs.append(CollectiveSpec(inst.name, kind, size, cost, profiled=profiled, at=at))
         return len(self.specs) - 1
 
     def _side_done(self, done: Instruction) -> int | None:

@@ -31,6 +31,9 @@ class CollectiveSpec:
     side: bool = False
     # Its time comes from the program's own profile.
     profiled: bool = False
+    # A blocking collective's computation and position in its schedule (the compute
+    # stream runs it there); None for the others.
+    at: tuple[str, int] | None = None
 
 
 class Job:

@@ -23,10 +23,15 @@ an SM"). So the kernels in flight together fit while their CTAs add up to at mos
 the GPU's SMs.
 
 :func:`resident_ctas` bounds what they add up to over one execution from the
-schedule alone, so that no timing (the model's or a real GPU's) exceeds it: at every
-point each stream counts the largest kernel of its pairs in flight there (a stream
-runs its kernels one after another), and the compute stream its largest collective
-(the synchronous ones and the pairs XLA runs there) as if it ran at that point. H100
+schedule alone, so that no timing (the model's or a real GPU's) exceeds it: a pair's
+kernel runs, on any GPU, between the compute stream reaching its start and passing
+its done, and a blocking collective while the compute stream is at it. So at every
+point of the schedule each stream counts the largest kernel in flight there (a stream
+runs its kernels one after another): the collective streams and XLA's P2P stream
+their pairs', the compute stream its blocking collective there or a pair XLA runs on
+it; a send or recv fired for a later iteration (its done elsewhere) and a collective
+of a computation another thread runs (at some time in its async call) count at every
+point. H100
 holds five of its 24-CTA rings (120 of 132 SMs): six ring all-gathers in flight on
 six streams (K = 8 with an overlap limit of 6 or more) do not fit.
 
@@ -45,9 +50,11 @@ from xla_streams.simulate.compiler import CompiledModule
 from xla_streams.simulate.network import CollectiveSpec
 from xla_streams.simulate.targets import Target
 from xla_streams.streams import AsyncPair, StreamAssignment, assign_each
+from xla_streams.streams.pairs import instruction_times
 
 
 def resident_ctas[Key: Hashable](
+    module: Module,
     pairs: Sequence[AsyncPair],
     specs: Sequence[CollectiveSpec],
     assignments: Mapping[Key, StreamAssignment],
@@ -55,36 +62,67 @@ def resident_ctas[Key: Hashable](
     """The most CTAs the NCCL kernels of each assignment may hold at once, as the module
     docstring says. ``specs`` are the simulator's: the first ``len(pairs)`` are the
     pairs' own, in their order; the rest the blocking collectives and side kernels."""
-    ctas = [spec.cost.sms for spec in specs[: len(pairs)]]
-    on_compute = [s.cost.sms for s in specs[len(pairs) :] if not s.side]
-    on_compute += [n for pair, n in zip(pairs, ctas, strict=True) if pair.lane == "compute"]
-    # (time, -1 done / +1 start, pair): a done first at a tie, as occurrences are
+    kernels, anywhere = _blocking(module, pairs, specs)
+    ctas = [spec.cost.sms for spec in specs[: len(pairs)]] + [n for n, _ in kernels]
+    # (time, -1 done / +1 start, kernel): a done first at a tie, as occurrences are
     # half-open (AsyncPair.overlaps).
+    runs = [p.occurrences for p in pairs] + [spans for _, spans in kernels]
     events = sorted(
         (time, delta, i)
-        for i, pair in enumerate(pairs)
-        if pair.lane != "compute"
-        for start, done in pair.occurrences
+        for i, spans in enumerate(runs)
+        for start, done in spans
         for time, delta in ((start, 1), (done, -1))
     )
-    peaks: dict[tuple[int | str | None, ...], int] = {}  # by where each pair runs
+    on_compute = ("compute",) * len(kernels)
+    peaks: dict[tuple[Hashable, ...], int] = {}  # by where each kernel runs
     found = {}
     for key, assignment in assignments.items():
-        streams = tuple(
-            "p2p" if p.lane == "p2p" else assignment.stream_of.get(p.key) for p in pairs
-        )
+        streams = (*(_stream(p, assignment) for p in pairs), *on_compute)
         if streams not in peaks:
             peaks[streams] = _peak(events, streams, ctas)
-        found[key] = peaks[streams] + max(on_compute, default=0)
+        found[key] = peaks[streams] + anywhere
     return found
 
 
+def _stream(pair: AsyncPair, assignment: StreamAssignment) -> Hashable:
+    """Where ``pair``'s kernel runs: its collective stream, XLA's P2P stream, or the
+    compute stream."""
+    if pair.lane == "communication":
+        return assignment.stream_of.get(pair.key)
+    return pair.lane
+
+
+def _blocking(
+    module: Module, pairs: Sequence[AsyncPair], specs: Sequence[CollectiveSpec]
+) -> tuple[list[tuple[int, list[tuple[int, int]]]], int]:
+    """The blocking collectives the compute stream runs at their places in the schedule,
+    each as (CTAs, when: its tick at every call of its computation), and the most
+    CTAs of those that may run beside anything: a send or recv fired for a later
+    iteration (its done elsewhere), or a collective that a thread an async call starts
+    runs at some time in that call's window."""
+    placed = [s for s in specs[len(pairs) :] if not s.side and s.at is not None]
+    wanted: dict[str, list[int]] = {}
+    for spec in placed:
+        assert spec.at is not None
+        wanted.setdefault(spec.at[0], []).append(spec.at[1])
+    times = instruction_times(module, wanted) if wanted else {}
+    kernels: list[tuple[int, list[tuple[int, int]]]] = []
+    anywhere = [s.cost.sms for s in specs[len(pairs) :] if not s.side and s.at is None]
+    for spec in placed:
+        assert spec.at is not None
+        ticks, windows = times[spec.at]
+        kernels.append((spec.cost.sms, [(t, t + 1) for t in ticks]))
+        if windows:
+            anywhere.append(spec.cost.sms)
+    return kernels, max(anywhere, default=0)
+
+
 def _peak(
-    events: list[tuple[int, int, int]], streams: Sequence[int | str | None], ctas: Sequence[int]
+    events: list[tuple[int, int, int]], streams: Sequence[Hashable], ctas: Sequence[int]
 ) -> int:
     """The most CTAs in flight at once, each stream counted at its largest kernel."""
-    in_flight: dict[int | str | None, dict[int, int]] = {}  # stream -> CTAs -> kernels
-    largest: dict[int | str | None, int] = {}
+    in_flight: dict[Hashable, dict[int, int]] = {}  # stream -> CTAs -> kernels
+    largest: dict[Hashable, int] = {}
     total = most = 0
     for _, delta, i in events:
         stream, n = streams[i], ctas[i]
@@ -114,11 +152,11 @@ def fit_on_gpu(
     same policy, its ``lowered`` saying why (K = 1 where none does: one stream is what
     XLA runs without us, so a K = 1 assignment is kept as it is)."""
     specs = CompiledModule(module, target, pairs).specs
-    need = resident_ctas(pairs, specs, {assignment.streams: assignment})[assignment.streams]
+    (need,) = resident_ctas(module, pairs, specs, {"asked": assignment}).values()
     if need <= target.sm_count or assignment.streams == 1:
         return assignment
     fewer = assign_each(pairs, range(assignment.streams - 1, 0, -1), (assignment.policy,))
-    ctas = resident_ctas(pairs, specs, fewer)
+    ctas = resident_ctas(module, pairs, specs, fewer)
     k = next((k for (k, _), n in ctas.items() if n <= target.sm_count), 1)
     why = (
         f"K={assignment.streams} lowered to K={k}: the NCCL kernels in flight together may "

@@ -145,7 +145,7 @@ def what_if(
         changes=changes,
         interference=full - calm,
         explanations=explanations,
-        resident_ctas=resident_ctas(simulator.pairs, simulator.specs, assignments),
+        resident_ctas=resident_ctas(module, simulator.pairs, simulator.specs, assignments),
     )
     what.notes += [
         f"K={k} {policy}: its NCCL kernels in flight together may need {n} CTAs, more than "

@@ -271,6 +271,33 @@ class Layout:
         return [*spans, *self.windows.get(computation, ())]
 
 
+def instruction_times(
+    module: Module, wanted: dict[str, list[int]]
+) -> dict[tuple[str, int], tuple[list[int], list[tuple[int, int]]]]:
+    """When each instruction of ``wanted`` (computation -> positions) runs, on the clock
+    of the pairs' ``occurrences``: its tick at each call of its computation (a pair's
+    occurrence ``(a, b)`` holds it exactly when ``a <= tick < b``: the instruction lies
+    between the pair's start and done), and the windows of the async calls that run it
+    on another thread (at some time inside each)."""
+    control_flow: dict[Computation, list[int]] = {}
+    calling: dict[Computation, list[int]] = {}
+    for comp in module.computations:
+        control_flow[comp] = flow = []
+        calling[comp] = called = []
+        for i, inst in enumerate(comp.instructions):
+            opcode = inst.opcode
+            if opcode in CONTROL_FLOW_CALLEES:
+                flow.append(i)
+            elif opcode in ASYNC_CALLS and not (opcode == "async-start" and _is_start(inst)):
+                called.append(i)
+    layout = execution_layout(module, set(wanted), control_flow, calling)
+    return {
+        (name, i): (layout.times(name, i), layout.windows.get(name, []))
+        for name, positions in wanted.items()
+        for i in positions
+    }
+
+
 def execution_layout(
     module: Module,
     wanted: set[str],
@@ -384,12 +411,16 @@ def async_calls(module: Module, comp: Computation) -> dict[int, tuple[int | None
     """Start index -> (done index, computations it runs), for each async start of
     ``comp`` that runs a computation rather than a collective (:data:`ASYNC_CALLS`). Without
     a done (XLA's verifier refuses that) the call runs to the computation's end: None."""
-    positions = [
+    return _async_calls(module, comp, _async_call_positions(comp))
+
+
+def _async_call_positions(comp: Computation) -> list[int]:
+    """The positions of ``comp``'s async starts that run a computation (:func:`async_calls`)."""
+    return [
         i
         for i, inst in enumerate(comp.instructions)
         if inst.opcode in ASYNC_CALLS and not (inst.opcode == "async-start" and _is_start(inst))
     ]
-    return _async_calls(module, comp, positions)
 
 
 def _async_calls(
