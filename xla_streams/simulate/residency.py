@@ -45,8 +45,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Hashable, Mapping, Sequence
 
-from xla_streams.hlo import Module
+from xla_streams.hlo import Instruction, Module
 from xla_streams.simulate.compiler import CompiledModule
+from xla_streams.simulate.cost import CostModel, OpCost
 from xla_streams.simulate.network import CollectiveSpec
 from xla_streams.simulate.targets import Target
 from xla_streams.streams import AsyncPair, StreamAssignment, assign_each
@@ -144,6 +145,17 @@ def _peak(
     return most
 
 
+class _CollectivesOnly(CostModel):
+    """Prices the collectives alone: all the bound reads, at a tenth of the time of a
+    compile that prices every kernel (the plugin runs it at every compile on a GPU)."""
+
+    def instruction(self, inst: Instruction) -> OpCost:
+        return _UNPRICED
+
+
+_UNPRICED = OpCost(0.0, "free")
+
+
 def fit_on_gpu(
     module: Module, pairs: Sequence[AsyncPair], assignment: StreamAssignment, target: Target
 ) -> StreamAssignment:
@@ -151,7 +163,7 @@ def fit_on_gpu(
     at most its SMs); else the assignment of the largest K below it that fits, under the
     same policy, its ``lowered`` saying why (K = 1 where none does: one stream is what
     XLA runs without us, so a K = 1 assignment is kept as it is)."""
-    specs = CompiledModule(module, target, pairs).specs
+    specs = CompiledModule(module, target, pairs, cost=_CollectivesOnly(module, target)).specs
     (need,) = resident_ctas(module, pairs, specs, {"asked": assignment}).values()
     if need <= target.sm_count or assignment.streams == 1:
         return assignment
