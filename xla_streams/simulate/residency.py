@@ -61,8 +61,9 @@ def resident_ctas[Key: Hashable](
     assignments: Mapping[Key, StreamAssignment],
 ) -> dict[Key, int]:
     """The most CTAs the NCCL kernels of each assignment may hold at once, as the module
-    docstring says. ``specs`` are the simulator's: the first ``len(pairs)`` are the
-    pairs' own, in their order; the rest the blocking collectives and side kernels."""
+    docstring says. ``specs`` are the simulator's for ``module``: the first
+    ``len(pairs)`` are the pairs' own, in their order; the rest the blocking collectives
+    (``at`` places them in ``module``'s schedule) and side kernels."""
     kernels, anywhere = _blocking(module, pairs, specs)
     ctas = [spec.cost.sms for spec in specs[: len(pairs)]] + [n for n, _ in kernels]
     # (time, -1 done / +1 start, kernel): a done first at a tie, as occurrences are

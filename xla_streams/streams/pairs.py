@@ -288,7 +288,7 @@ def instruction_times(
             opcode = inst.opcode
             if opcode in CONTROL_FLOW_CALLEES:
                 flow.append(i)
-            elif opcode in ASYNC_CALLS and not (opcode == "async-start" and _is_start(inst)):
+            elif _calls_computation(inst):
                 called.append(i)
     layout = execution_layout(module, set(wanted), control_flow, calling)
     return {
@@ -411,16 +411,13 @@ def async_calls(module: Module, comp: Computation) -> dict[int, tuple[int | None
     """Start index -> (done index, computations it runs), for each async start of
     ``comp`` that runs a computation rather than a collective (:data:`ASYNC_CALLS`). Without
     a done (XLA's verifier refuses that) the call runs to the computation's end: None."""
-    return _async_calls(module, comp, _async_call_positions(comp))
+    positions = [i for i, inst in enumerate(comp.instructions) if _calls_computation(inst)]
+    return _async_calls(module, comp, positions)
 
 
-def _async_call_positions(comp: Computation) -> list[int]:
-    """The positions of ``comp``'s async starts that run a computation (:func:`async_calls`)."""
-    return [
-        i
-        for i, inst in enumerate(comp.instructions)
-        if inst.opcode in ASYNC_CALLS and not (inst.opcode == "async-start" and _is_start(inst))
-    ]
+def _calls_computation(inst: Instruction) -> bool:
+    """``inst`` is an async start that runs a computation rather than a collective."""
+    return inst.opcode in ASYNC_CALLS and not (inst.opcode == "async-start" and _is_start(inst))
 
 
 def _async_calls(
