@@ -260,6 +260,7 @@ def test_json_is_identical_across_processes() -> None:
         (lambda r: r.__setitem__("streams", 0), "streams: expected an integer in 1..64, got 0"),
         (lambda r: r.__setitem__("collectives", {}),
          "collectives: expected a JSON array, got a JSON object"),
+        (lambda r: r.__setitem__("lowered", 8), "lowered: expected a string, got a number (8)"),
     ],
 )  # fmt: skip
 def test_from_json_refuses_broken_reports_naming_file_and_field(
