@@ -1,7 +1,9 @@
 """Whether the NCCL kernels a stream assignment may keep in flight together fit on the GPU
 (``xla_streams/simulate/residency.py``): the bound (against its definition, computed
-point by point, on random schedules), the note simulate prints, the JSON field, and tune
-leaving out the stream counts that do not fit.
+point by point, on random schedules; the compute stream's collectives where it runs
+them), the note simulate prints, the JSON field, tune leaving out the stream counts that
+do not fit, and where the streams are made: ``fit-on-gpu`` lowering K, and the plugin
+running it on the GPUs JAX lists.
 
 The modules gather over the perfect matchings of 8 GPUs: any two of those groups share
 one device at most, so the deadlock rule lets each all-gather take a stream of its own,
