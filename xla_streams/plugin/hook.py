@@ -8,7 +8,8 @@ serialized ``HloModuleProto``:
 2. the proto is printed to HLO text (:mod:`xla_streams.plugin.xla_module`) and the
    pipeline runs over it: :func:`pipeline_for` (``pipeline.build_pipeline`` of
    the settings: the default passes, or the user's spec with the settings as
-   defaults);
+   defaults; on GPUs it has a model of, :func:`job_gpu`, ``fit-on-gpu`` keeps K to
+   what they hold, with a warning where it lowers it);
 3. what changed goes back to XLA (:func:`back_to_xla`): annotations written
    into XLA's own proto, a restructured module (ffi mode) through XLA's parser;
 4. with a report directory, the module's reports and the index are written
