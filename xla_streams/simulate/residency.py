@@ -102,20 +102,19 @@ def _blocking(
     CTAs of those that may run beside anything: a send or recv fired for a later
     iteration (its done elsewhere), or a collective that a thread an async call starts
     runs at some time in that call's window."""
-    placed = [s for s in specs[len(pairs) :] if not s.side and s.at is not None]
+    blocking = [s for s in specs[len(pairs) :] if not s.side]
+    placed = [(s.cost.sms, s.at) for s in blocking if s.at is not None]
+    anywhere = [s.cost.sms for s in blocking if s.at is None]
     wanted: dict[str, list[int]] = {}
-    for spec in placed:
-        assert spec.at is not None
-        wanted.setdefault(spec.at[0], []).append(spec.at[1])
+    for _, (computation, position) in placed:
+        wanted.setdefault(computation, []).append(position)
     times = instruction_times(module, wanted) if wanted else {}
     kernels: list[tuple[int, list[tuple[int, int]]]] = []
-    anywhere = [s.cost.sms for s in specs[len(pairs) :] if not s.side and s.at is None]
-    for spec in placed:
-        assert spec.at is not None
-        ticks, windows = times[spec.at]
-        kernels.append((spec.cost.sms, [(t, t + 1) for t in ticks]))
+    for sms, at in placed:
+        ticks, windows = times[at]
+        kernels.append((sms, [(t, t + 1) for t in ticks]))
         if windows:
-            anywhere.append(spec.cost.sms)
+            anywhere.append(sms)
     return kernels, max(anywhere, default=0)
 
 
