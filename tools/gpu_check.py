@@ -131,7 +131,7 @@ from xla_streams.simulate.profiler_trace import (  # noqa: E402
     load_trace,
     seconds_by_instruction,
 )
-from xla_streams.simulate.targets import TARGETS, target_of_device  # noqa: E402
+from xla_streams.simulate.targets import target_of_gpus  # noqa: E402
 from xla_streams.xla_dump import thunk_streams  # noqa: E402
 
 SCHEMA = "xla_streams.gpu_check.v1"
@@ -498,16 +498,10 @@ def check_debug_options(dump_dir: str, module: str, streams: int) -> tuple[bool,
 
 
 def check_fit_on_gpu(fit: dict[str, Any]) -> tuple[bool, str]:
-    """Whether the hook read the job's GPU as JAX lists its devices: the target of their
-    kinds (of several, the one with the fewest SMs), or none where one has no target."""
+    """Whether the hook, inside the compile, read the job's GPU as JAX lists its devices
+    (the target of their kinds)."""
     kinds = fit.get("device_kinds") or []
-    targets = [target_of_device(kind) for kind in kinds]
-    known = [TARGETS[t] for t in targets if t is not None]
-    expected = (
-        min(known, key=lambda t: (t.sm_count, t.name)).name
-        if known and len(known) == len(targets)
-        else None
-    )
+    expected = target_of_gpus(kinds)
     return (
         bool(kinds) and fit.get("hook") == expected,
         f"{kinds}: the hook checks K against {fit.get('hook')}, expected {expected}",

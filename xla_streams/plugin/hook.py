@@ -206,26 +206,22 @@ def _run_passes(
 
 
 def job_gpu() -> str | None:
-    """The target (``simulate/targets.py``) of the job's GPUs, against whose SMs
-    ``fit-on-gpu`` checks each assignment; None (said once) where a GPU has no target.
-    Of GPUs of several kinds, the one with the fewest SMs: every process then computes
-    the same assignment."""
-    from xla_streams.simulate.targets import TARGETS, target_of_device
+    """The target of the job's GPUs (``targets.target_of_gpus``), against whose SMs
+    ``fit-on-gpu`` checks each assignment; None (said once) where a GPU has no target."""
+    from xla_streams.simulate.targets import target_of_device, target_of_gpus
 
     kinds = jax_compat.gpu_device_kinds()
     if not kinds:
         return None
-    found = {kind: target_of_device(kind) for kind in kinds}
-    unknown = sorted(kind for kind, target in found.items() if target is None)
-    if unknown:
+    target = target_of_gpus(kinds)
+    if target is None:
+        unknown = sorted(kind for kind in kinds if target_of_device(kind) is None)
         _say_once(
             f"xla_streams has no model of {', '.join(unknown)}: it cannot check that the "
             "NCCL kernels of K streams fit on the GPU at once (the deadlock rule's premise, "
             "docs/streams.md), so K is used as given"
         )
-        return None
-    names = {target for target in found.values() if target is not None}
-    return min(names, key=lambda n: (TARGETS[n].sm_count, n))
+    return target
 
 
 def _html(config: Config, on_cpu: bool) -> bool:

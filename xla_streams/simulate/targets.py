@@ -157,6 +157,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -513,6 +514,17 @@ def target_of_device(kind: str) -> str | None:
     if {"NVL", "PCIe"} & set(kind.split()):
         return None
     return next((name for part, name in DEVICE_KINDS if part in kind), None)
+
+
+def target_of_gpus(kinds: Iterable[str]) -> str | None:
+    """The target of a job's GPUs named ``kinds``: of several, the one with the fewest
+    SMs (so that every process computes the same assignment); None where one has no
+    target."""
+    names = [target_of_device(kind) for kind in kinds]
+    known = [TARGETS[n] for n in names if n is not None]
+    if not known or len(known) < len(names):
+        return None
+    return min(known, key=lambda t: (t.sm_count, t.name)).name
 
 
 class TargetError(ValueError):
