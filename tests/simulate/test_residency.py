@@ -228,15 +228,10 @@ def _brute_force(
 
 # A send pipelined through a loop (its done in the next iteration: a link of the chain
 # from %s0 to %final.done), then an all-gather after the loop.
-FIRED = """\
-HloModule fired, is_scheduled=true, num_partitions=8
-
-%add (lhs: f32[], rhs: f32[]) -> f32[] {
-  %lhs = f32[] parameter(0)
-  %rhs = f32[] parameter(1)
-  ROOT %sum = f32[] add(%lhs, %rhs)
-}
-
+FIRED = (
+    "HloModule fired, is_scheduled=true, num_partitions=8\n\n"
+    + ADD_REDUCER
+    + """
 %body (t: (s32[], f32[131072], (f32[131072], u32[], token[]))) -> (s32[], f32[131072], (f32[131072], u32[], token[])) {
   %t = (s32[], f32[131072]{0}, (f32[131072]{0}, u32[], token[])) parameter(0)
   %i = s32[] get-tuple-element(%t), index=0
@@ -274,6 +269,7 @@ ENTRY %main (p: f32[131072]) -> f32[131072] {
   ROOT %r = f32[131072]{0} add(%x, %busy)
 }
 """
+)
 
 
 def test_a_send_fired_for_a_later_iteration_counts_beside_everything() -> None:
